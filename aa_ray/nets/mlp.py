@@ -1,0 +1,64 @@
+"""Plain MLP actor and an ensemble of Q networks evaluated as one batched computation."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+
+class MLPActor(nn.Module):
+    """Gaussian head over a ReLU MLP: returns the pre-tanh mean and a bounded log-std."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden_dims: Sequence[int]):
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = obs_dim
+        for hidden in hidden_dims:
+            layers += [nn.Linear(width, hidden), nn.ReLU()]
+            width = hidden
+        self.trunk = nn.Sequential(*layers)
+        self.head = nn.Linear(width, 2 * act_dim)
+
+    def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        mean, raw_log_std = self.head(self.trunk(obs)).chunk(2, dim=-1)
+        # tanh squashing keeps the log-std bounded with a gradient everywhere (a clamp has none outside)
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(raw_log_std) + 1)
+        return mean, log_std
+
+
+class EnsembleLinear(nn.Module):
+    """`num_members` independent linear layers applied with one batched matmul."""
+
+    def __init__(self, num_members: int, in_dim: int, out_dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_members, in_dim, out_dim))
+        self.bias = nn.Parameter(torch.empty(num_members, 1, out_dim))
+        bound = 1.0 / math.sqrt(in_dim)  # nn.Linear's default init, per member
+        nn.init.uniform_(self.weight, -bound, bound)
+        nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x: Tensor) -> Tensor:  # x: (members, batch, in_dim)
+        return torch.baddbmm(self.bias, x, self.weight)
+
+
+class EnsembleQ(nn.Module):
+    """`num_critics` Q(s, a) MLPs; forward returns Q values of shape (num_critics, batch)."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden_dims: Sequence[int], num_critics: int = 2):
+        super().__init__()
+        self.num_critics = num_critics
+        dims = [obs_dim + act_dim, *hidden_dims, 1]
+        self.layers = nn.ModuleList(
+            EnsembleLinear(num_critics, d_in, d_out) for d_in, d_out in zip(dims[:-1], dims[1:])
+        )
+
+    def forward(self, obs: Tensor, action: Tensor) -> Tensor:
+        x = torch.cat([obs, action], dim=-1).expand(self.num_critics, -1, -1)
+        for layer in self.layers[:-1]:
+            x = torch.relu(layer(x))
+        return self.layers[-1](x).squeeze(-1)

@@ -1,0 +1,83 @@
+"""What env runners act with: an observation normalizer in front of a squashed-Gaussian actor."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+
+class ObsNormalizer(nn.Module):
+    """Running mean/variance of observations, merged from per-chunk moments.
+
+    The statistics change only through `merge` (called by the learner between updates), so
+    they are frozen during an update and identical on every runner that loads the policy.
+    """
+
+    def __init__(self, obs_dim: int, enabled: bool, clip: float = 10.0, eps: float = 1e-8):
+        super().__init__()
+        self.enabled = enabled
+        self.clip = clip
+        self.eps = eps
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("mean", torch.zeros(obs_dim, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(obs_dim, dtype=torch.float64))
+
+    @torch.no_grad()
+    def merge(self, count: float, mean: np.ndarray, var: np.ndarray) -> None:
+        """Chan et al.'s parallel update of (count, mean, var) with a chunk's moments."""
+        if not self.enabled or count <= 0:
+            return
+        mean_b = torch.as_tensor(mean, dtype=torch.float64, device=self.mean.device)
+        var_b = torch.as_tensor(var, dtype=torch.float64, device=self.var.device)
+        total = self.count + count
+        delta = mean_b - self.mean
+        m2 = self.var * self.count + var_b * count + delta.pow(2) * self.count * count / total
+        self.mean += delta * count / total
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
+
+    def forward(self, obs: Tensor) -> Tensor:
+        if not self.enabled:
+            return obs
+        normed = (obs - self.mean.to(obs.dtype)) / torch.sqrt(self.var.to(obs.dtype) + self.eps)
+        return normed.clamp(-self.clip, self.clip)
+
+
+def squashed_gaussian_sample(
+    mean: Tensor, log_std: Tensor, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor]:
+    """Reparameterised tanh-Gaussian sample and its log-probability, summed over action dims."""
+    std = log_std.exp()
+    noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+    pre_tanh = mean + std * noise
+    action = torch.tanh(pre_tanh)
+    gaussian_log_prob = -0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)
+    # change of variables through tanh, in the numerically stable form
+    # log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u))
+    log_det = 2.0 * (math.log(2.0) - pre_tanh - nn.functional.softplus(-2.0 * pre_tanh))
+    return action, (gaussian_log_prob - log_det).sum(-1)
+
+
+class SquashedGaussianPolicy(nn.Module):
+    """normalizer -> actor (mean, log_std) -> tanh; actions in [-1, 1]."""
+
+    def __init__(self, actor: nn.Module, obs_dim: int, normalize_obs: bool):
+        super().__init__()
+        self.obs_norm = ObsNormalizer(obs_dim, enabled=normalize_obs)
+        self.actor = actor
+
+    def forward(self, obs: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """A sampled action and its log-prob, for training (obs are raw)."""
+        mean, log_std = self.actor(self.obs_norm(obs))
+        return squashed_gaussian_sample(mean, log_std, generator)
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, deterministic: bool, generator: torch.Generator | None = None) -> np.ndarray:
+        obs_t = torch.as_tensor(obs, dtype=torch.float32)
+        mean, log_std = self.actor(self.obs_norm(obs_t))
+        if deterministic:
+            return torch.tanh(mean).numpy()
+        return squashed_gaussian_sample(mean, log_std, generator)[0].numpy()

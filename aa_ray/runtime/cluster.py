@@ -1,0 +1,65 @@
+"""Connecting to Ray and reserving a run's resources as one placement group."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from aa_ray.spec.experiment import ExperimentSpec
+
+
+class ResourceError(RuntimeError):
+    """The cluster cannot hold the actors the spec asks for."""
+
+
+def connect(spec: ExperimentSpec) -> bool:
+    """Join `RAY_ADDRESS` when set, else start an embedded local Ray sized for the spec.
+    Returns True when this call started Ray (and so should shut it down)."""
+    if ray.is_initialized():
+        return False
+    # Workers inherit these: one BLAS/OpenMP thread each, torch threads are set per actor.
+    env_vars = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(runtime_env={"env_vars": env_vars}, log_to_driver=True)
+        return True
+    needed = sum(bundle.get("CPU", 0) for bundle in spec.bundles())
+    ray.init(
+        num_cpus=max(math.ceil(needed), os.cpu_count() or 1),
+        include_dashboard=False,
+        runtime_env={"env_vars": env_vars},
+        log_to_driver=True,
+    )
+    return True
+
+
+def reserve(spec: ExperimentSpec) -> PlacementGroup:
+    """Create the run's placement group; fail fast (naming the resource) if it cannot be placed."""
+    bundles = spec.bundles()
+    wanted: dict[str, float] = {}
+    for bundle in bundles:
+        for resource, amount in bundle.items():
+            wanted[resource] = wanted.get(resource, 0.0) + amount
+    total = ray.cluster_resources()
+    for resource, amount in wanted.items():
+        if total.get(resource, 0.0) < amount:
+            raise ResourceError(
+                f"the spec needs {amount:g} {resource} in total (bundles {bundles}) but the Ray cluster "
+                f"has {total.get(resource, 0.0):g}; lower runners.*/learners.* resources or add nodes."
+            )
+    group = placement_group(bundles, strategy="PACK")
+    ready, _ = ray.wait([group.ready()], timeout=spec.runtime.resource_timeout_s)
+    if not ready:
+        remove_placement_group(group)
+        raise ResourceError(
+            f"the cluster could not place bundles {bundles} within {spec.runtime.resource_timeout_s:g}s "
+            f"(available now: {ray.available_resources()}); other jobs may hold the resources."
+        )
+    return group
+
+
+def in_bundle(group: PlacementGroup, index: int) -> PlacementGroupSchedulingStrategy:
+    return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index)

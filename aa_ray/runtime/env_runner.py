@@ -1,0 +1,172 @@
+"""EnvRunner: a gymnasium vector env plus the current policy; returns transitions as numpy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from aa_ray.algos import build_policy
+from aa_ray.spec.experiment import ExperimentSpec
+
+
+def make_vector_env(spec: ExperimentSpec, num_envs: int) -> gym.vector.VectorEnv:
+    import aa_ray.envs  # noqa: F401  (registers aa_ray/PusherReach-v0 in this process)
+
+    kwargs = dict(spec.env.kwargs)
+    if spec.env.max_episode_steps is not None:
+        kwargs["max_episode_steps"] = spec.env.max_episode_steps
+    # "sync" keeps the E copies in this actor's process: parallelism comes from more runners
+    return gym.make_vec(spec.env.id, num_envs=num_envs, vectorization_mode="sync", **kwargs)
+
+
+def env_dims(spec: ExperimentSpec) -> tuple[int, int]:
+    """(obs_dim, act_dim) of the spec's env, checked to be flat Box spaces."""
+    envs = make_vector_env(spec, 1)
+    try:
+        obs_space, act_space = envs.single_observation_space, envs.single_action_space
+    finally:
+        envs.close()
+    if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1):
+        raise ValueError(f"env {spec.env.id}: observations must be a flat Box, got {obs_space}")
+    if not (isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1):
+        raise ValueError(f"env {spec.env.id}: actions must be a flat continuous Box, got {act_space}")
+    if not (np.all(np.isfinite(act_space.low)) and np.all(np.isfinite(act_space.high))):
+        raise ValueError(f"env {spec.env.id}: action bounds must be finite, got {act_space}")
+    return obs_space.shape[0], act_space.shape[0]
+
+
+class EpisodeTracker:
+    """Per-env running return/length; collects finished episodes' statistics."""
+
+    def __init__(self, num_envs: int):
+        self.returns = np.zeros(num_envs)
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
+        self.finished: list[dict[str, float]] = []
+
+    def step(self, reward: np.ndarray, done: np.ndarray, valid: np.ndarray, info: dict[str, Any]) -> None:
+        self.returns += np.where(valid, reward, 0.0)
+        self.lengths += valid
+        for i in np.flatnonzero(done & valid):
+            episode = {"return": float(self.returns[i]), "length": float(self.lengths[i])}
+            if "distance" in info:
+                episode["final_distance"] = float(info["distance"][i])
+            self.finished.append(episode)
+            self.returns[i], self.lengths[i] = 0.0, 0
+
+    def pop(self) -> list[dict[str, float]]:
+        finished, self.finished = self.finished, []
+        return finished
+
+
+class EnvRunner:
+    """Owns E env copies and acts with the latest published policy weights.
+
+    Gymnasium 1.x vector envs reset a finished env on the *next* `step` call: that step's
+    observation is a fresh reset and its reward/action mean nothing, so it is never stored.
+    """
+
+    def __init__(self, spec: ExperimentSpec, index: int):
+        torch.set_num_threads(spec.runners.torch_threads)
+        self.spec = spec
+        self.index = index
+        self.num_envs = spec.runners.envs_per_runner
+        self.envs = make_vector_env(spec, self.num_envs)
+        act_space = self.envs.single_action_space
+        self.act_low, self.act_high = act_space.low.astype(np.float32), act_space.high.astype(np.float32)
+        obs_dim, act_dim = self.envs.single_observation_space.shape[0], act_space.shape[0]
+        self.act_dim = act_dim
+
+        self.policy = build_policy(spec.algo, obs_dim, act_dim)
+        self.policy_version = -1
+        runner_seed = spec.seed * 1_000 + index
+        self.rng = np.random.default_rng(runner_seed)  # warm-up actions
+        self.generator = torch.Generator().manual_seed(runner_seed)  # exploration noise
+        first_env_seed = runner_seed * self.num_envs
+        self.obs, _ = self.envs.reset(seed=[first_env_seed + i for i in range(self.num_envs)])
+        self.autoreset = np.zeros(self.num_envs, dtype=bool)
+        self.episodes = EpisodeTracker(self.num_envs)
+        self.eval_envs: gym.vector.VectorEnv | None = None
+
+    def set_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+        if version != self.policy_version:
+            self.policy.load_state_dict(state)
+            self.policy_version = version
+
+    def to_env_action(self, action: np.ndarray) -> np.ndarray:
+        """Map policy actions in [-1, 1] onto the env's bounds (replay keeps the [-1, 1] ones)."""
+        return self.act_low + 0.5 * (action + 1.0) * (self.act_high - self.act_low)
+
+    def sample(self, num_steps: int, random_actions: bool) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Step every env `num_steps` times. Returns (transitions, stats); stats include the raw
+        observation moments the learner merges into its normalizer."""
+        obs_dim = self.obs.shape[1]
+        buf = {
+            "obs": np.empty((num_steps, self.num_envs, obs_dim), np.float32),
+            "action": np.empty((num_steps, self.num_envs, self.act_dim), np.float32),
+            "reward": np.empty((num_steps, self.num_envs), np.float32),
+            "next_obs": np.empty((num_steps, self.num_envs, obs_dim), np.float32),
+            "terminated": np.empty((num_steps, self.num_envs), np.float32),
+            "truncated": np.empty((num_steps, self.num_envs), np.float32),
+        }
+        valid = np.empty((num_steps, self.num_envs), dtype=bool)
+        for t in range(num_steps):
+            if random_actions:
+                action = self.rng.uniform(-1.0, 1.0, (self.num_envs, self.act_dim)).astype(np.float32)
+            else:
+                action = self.policy.act(self.obs, deterministic=False, generator=self.generator)
+            next_obs, reward, terminated, truncated, info = self.envs.step(self.to_env_action(action))
+            valid[t] = ~self.autoreset
+            buf["obs"][t], buf["action"][t], buf["reward"][t] = self.obs, action, reward
+            buf["next_obs"][t], buf["terminated"][t], buf["truncated"][t] = next_obs, terminated, truncated
+            done = terminated | truncated
+            self.episodes.step(reward, done, valid[t], info)
+            self.autoreset = done
+            self.obs = next_obs
+
+        transitions = {k: v[valid] for k, v in buf.items()}
+        obs = transitions["obs"].astype(np.float64)
+        stats = {
+            "env_steps": int(valid.sum()),
+            "episodes": self.episodes.pop(),
+            "policy_version": self.policy_version,
+            "obs_moments": (len(obs), obs.mean(0) if len(obs) else None, obs.var(0) if len(obs) else None),
+        }
+        return transitions, stats
+
+    def evaluate(self, num_episodes: int) -> dict[str, float]:
+        """Run `num_episodes` deterministic episodes on separate envs with fixed seeds, so every
+        evaluation of a run faces the same starts and targets."""
+        if self.eval_envs is None or self.eval_envs.num_envs != num_episodes:
+            self.eval_envs = make_vector_env(self.spec, num_episodes)
+        eval_seed = 10_000_000 + self.spec.seed * 1_000
+        obs, _ = self.eval_envs.reset(seed=[eval_seed + i for i in range(num_episodes)])
+        tracker = EpisodeTracker(num_episodes)
+        finished = np.zeros(num_episodes, dtype=bool)
+        results: list[dict[str, float] | None] = [None] * num_episodes
+        while not finished.all():
+            action = self.policy.act(obs, deterministic=True)
+            obs, reward, terminated, truncated, info = self.eval_envs.step(self.to_env_action(action))
+            done = terminated | truncated
+            tracker.step(reward, done, ~finished, info)
+            for i in np.flatnonzero(done & ~finished):
+                results[i] = tracker.finished.pop(0)
+            finished |= done
+        out = {
+            "eval/return": float(np.mean([r["return"] for r in results])),
+            "eval/length": float(np.mean([r["length"] for r in results])),
+        }
+        if "final_distance" in results[0]:
+            distances = np.array([r["final_distance"] for r in results])
+            out["eval/distance"] = float(distances.mean())
+            out["eval/success"] = float(np.mean(distances < 0.05))
+        return out
+
+    def rng_state(self) -> dict:
+        return {"numpy": self.rng.bit_generator.state, "torch": self.generator.get_state()}
+
+    def load_rng_state(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["numpy"]
+        self.generator.set_state(state["torch"])

@@ -1,0 +1,79 @@
+"""Progress display: a live rich panel on a terminal, plain periodic log lines otherwise."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+_SHOWN_LOSSES = ("critic/q_loss", "critic/q_value", "actor/loss", "actor/alpha", "actor/entropy")
+
+
+class ProgressDisplay:
+    def __init__(self, title: str, total_env_steps: int, live: bool | None = None, log_every_s: float = 10.0):
+        self.title = title
+        self.total = total_env_steps
+        self.console = Console(stderr=True)
+        self.live_mode = sys.stderr.isatty() if live is None else live
+        self.log_every_s = log_every_s
+        self.last_log = 0.0
+        self.status: dict[str, Any] = {}
+        self.bar = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} env steps"),
+            TimeElapsedColumn(), TimeRemainingColumn(),
+        )
+        self.task = self.bar.add_task(title, total=total_env_steps)
+        self.live: Live | None = None
+
+    def __enter__(self) -> ProgressDisplay:
+        if self.live_mode:
+            self.live = Live(self._render(), console=self.console, refresh_per_second=4)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.update(self._render())
+            self.live.__exit__(*exc)
+
+    def update(self, env_steps: int, metrics: dict[str, float]) -> None:
+        self.status.update(metrics)
+        self.bar.update(self.task, completed=min(env_steps, self.total))
+        if self.live is not None:
+            self.live.update(self._render())
+        elif time.monotonic() - self.last_log >= self.log_every_s:
+            self.last_log = time.monotonic()
+            self.console.print(self._line(env_steps), highlight=False)
+
+    def message(self, text: str) -> None:
+        self.console.print(text, highlight=False)
+
+    def _line(self, env_steps: int) -> str:
+        parts = [f"[{self.title}] env_steps {env_steps:,}/{self.total:,}"]
+        for key in ("env/steps_per_s", "learner/updates_per_s", "replay/size", "train/episode_return",
+                    "eval/return", "eval/distance", *_SHOWN_LOSSES):
+            if key in self.status:
+                parts.append(f"{key} {self.status[key]:.4g}")
+        return "  ".join(parts)
+
+    def _render(self) -> Table:
+        s = self.status
+        grid = Table.grid(padding=(0, 2))
+        grid.add_row(self.bar)
+        stats = Table(show_header=True, header_style="bold", box=None)
+        for column in ("throughput", "replay", "last eval", "losses"):
+            stats.add_column(column)
+        fmt = lambda k, spec=".4g": f"{s[k]:{spec}}" if k in s else "-"  # noqa: E731
+        stats.add_row(
+            f"env steps/s {fmt('env/steps_per_s', '.0f')}\nupdates/s {fmt('learner/updates_per_s', '.0f')}",
+            f"size {fmt('replay/size', ',.0f')}\nfill {fmt('replay/fill', '.0%')}",
+            f"return {fmt('eval/return')}\ndistance {fmt('eval/distance')}\nat step {fmt('eval/at_env_steps', ',.0f')}",
+            "\n".join(f"{k} {fmt(k)}" for k in _SHOWN_LOSSES),
+        )
+        grid.add_row(stats)
+        return grid

@@ -1,0 +1,107 @@
+"""A ring buffer of transitions in preallocated numpy arrays, with Parquet save/load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+
+
+class ReplayBuffer:
+    """Uniform-sampling FIFO replay; capacity counted in transitions.
+
+    `add` takes the chunks env runners return (dicts of arrays with a leading transition dim);
+    `sample` returns stacks of batches shaped (num_batches, batch_size, ...) so a learner gets a
+    whole iteration's data in one message.
+    """
+
+    def __init__(self, capacity: int, obs_dim: int, act_dim: int, seed: int):
+        self.capacity = capacity
+        self.obs_dim, self.act_dim = obs_dim, act_dim
+        self.storage = {
+            "obs": np.zeros((capacity, obs_dim), np.float32),
+            "action": np.zeros((capacity, act_dim), np.float32),
+            "reward": np.zeros(capacity, np.float32),
+            "next_obs": np.zeros((capacity, obs_dim), np.float32),
+            "terminated": np.zeros(capacity, np.float32),
+            "truncated": np.zeros(capacity, np.float32),
+        }
+        self.cursor = 0  # next write position
+        self.size = 0
+        self.total_added = 0
+        self.rng = np.random.default_rng(seed)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def add(self, *chunks: dict[str, np.ndarray]) -> int:
+        """Append chunks in order; returns the new size."""
+        for chunk in chunks:
+            n = len(chunk["reward"])
+            if n == 0:
+                continue
+            if n > self.capacity:  # only the newest `capacity` transitions can survive anyway
+                chunk = {k: v[-self.capacity :] for k, v in chunk.items()}
+                n = self.capacity
+            index = (self.cursor + np.arange(n)) % self.capacity
+            for name in FIELDS:
+                self.storage[name][index] = chunk[name]
+            self.cursor = (self.cursor + n) % self.capacity
+            self.size = min(self.size + n, self.capacity)
+            self.total_added += n
+        return self.size
+
+    def sample(self, num_batches: int, batch_size: int) -> dict[str, np.ndarray]:
+        if self.size == 0:
+            raise RuntimeError("cannot sample from an empty replay buffer")
+        index = self.rng.integers(0, self.size, size=(num_batches, batch_size))
+        return {name: self.storage[name][index] for name in FIELDS}
+
+    def state(self) -> dict:
+        return {
+            "cursor": self.cursor,
+            "size": self.size,
+            "total_added": self.total_added,
+            "rng": self.rng.bit_generator.state,
+        }
+
+    def save(self, path: str | Path) -> None:
+        """Write the stored transitions as Parquet, one row per slot in storage order, so that a
+        reload (with `state()`) samples exactly the same batches."""
+        columns = {}
+        for name in FIELDS:
+            data = self.storage[name][: self.size]
+            if data.ndim == 2:
+                columns[name] = pa.FixedSizeListArray.from_arrays(pa.array(data.reshape(-1)), data.shape[1])
+            else:
+                columns[name] = pa.array(data)
+        table = pa.table(columns)
+        meta = {b"aa_ray.replay": f"{self.obs_dim},{self.act_dim}".encode(), b"aa_ray.cursor": str(self.cursor).encode()}
+        pq.write_table(table.replace_schema_metadata(meta), path)
+
+    def load(self, path: str | Path, state: dict | None = None) -> None:
+        table = pq.read_table(path)
+        dims = (table.schema.metadata or {}).get(b"aa_ray.replay", b"").decode()
+        if dims != f"{self.obs_dim},{self.act_dim}":
+            raise ValueError(
+                f"replay file {path} holds obs/action dims {dims or 'unknown'}, "
+                f"this run needs {self.obs_dim},{self.act_dim}"
+            )
+        n = table.num_rows
+        if n > self.capacity:
+            raise ValueError(f"replay file {path} holds {n} transitions, more than the capacity {self.capacity}")
+        for name in FIELDS:
+            column = table.column(name).combine_chunks()
+            if isinstance(column.type, pa.FixedSizeListType):
+                self.storage[name][:n] = column.flatten().to_numpy().reshape(n, column.type.list_size)
+            else:
+                self.storage[name][:n] = column.to_numpy()
+        self.size = self.total_added = n
+        self.cursor = int(table.schema.metadata.get(b"aa_ray.cursor", str(n % self.capacity).encode()))
+        if state is not None:
+            self.total_added = int(state["total_added"])
+            self.rng.bit_generator.state = state["rng"]

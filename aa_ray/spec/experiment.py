@@ -1,0 +1,144 @@
+"""The experiment spec: what a YAML file under `specs/` is validated into."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
+
+from aa_ray.algos.sac import SACConfig
+from aa_ray.algos.sac_simba import SACSimbaConfig
+from aa_ray.spec.base import SpecModel
+
+AlgoConfig = Annotated[SACConfig | SACSimbaConfig, Field(discriminator="name")]
+
+
+class EnvSpec(SpecModel):
+    id: str = Field(description="gymnasium id: aa_ray/PusherReach-v0, Pendulum-v1, HalfCheetah-v5, ...")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for gym.make")
+    max_episode_steps: PositiveInt | None = Field(
+        None, description="override the registered time limit (null keeps it)"
+    )
+
+    @field_validator("id")
+    @classmethod
+    def _registered(cls, env_id: str) -> str:
+        import gymnasium as gym
+
+        import aa_ray.envs  # noqa: F401  (registers aa_ray/PusherReach-v0)
+
+        if env_id not in gym.registry:
+            close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.5)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise ValueError(f"unknown gymnasium env id {env_id!r}.{hint}")
+        return env_id
+
+
+class RunnersSpec(SpecModel):
+    num_runners: PositiveInt = Field(1, description="R: env-runner actors")
+    envs_per_runner: PositiveInt = Field(1, description="E: copies of the env in each runner's vector env")
+    cpus_per_runner: PositiveFloat = Field(1.0, description="CPUs reserved per runner actor")
+    torch_threads: PositiveInt = Field(1, description="torch threads inside each runner")
+
+
+class LearnersSpec(SpecModel):
+    num_learners: PositiveInt = Field(1, description="L: learner actors (L > 1 means torch DDP)")
+    cpus_per_learner: PositiveFloat = Field(1.0, description="CPUs reserved per learner actor")
+    gpus_per_learner: NonNegativeFloat = Field(0.0, description="GPUs per learner; > 0 trains on CUDA")
+    torch_threads: PositiveInt = Field(1, description="torch threads inside each learner")
+
+    @field_validator("num_learners")
+    @classmethod
+    def _single_learner_for_now(cls, num_learners: int) -> int:
+        if num_learners != 1:
+            raise ValueError(
+                "more than one learner (torch DDP) is not available in this version; set 1"
+            )
+        return num_learners
+
+
+class BudgetSpec(SpecModel):
+    env_steps: PositiveInt = Field(description="stop after this many environment transitions")
+    stop_at_eval_distance: PositiveFloat | None = Field(
+        None, description="stop early once the mean eval final distance is below this (pusher-reach)"
+    )
+    stop_at_eval_return: float | None = Field(
+        None, description="stop early once the mean eval return is at least this"
+    )
+
+
+class EvalSpec(SpecModel):
+    every_env_steps: PositiveInt = Field(2000, description="evaluate the deterministic policy this often")
+    episodes: PositiveInt = Field(10, description="episodes per evaluation, on separate eval envs")
+
+
+class CheckpointSpec(SpecModel):
+    every_env_steps: PositiveInt | None = Field(
+        None, description="also checkpoint this often (a final checkpoint is always written)"
+    )
+    save_replay: bool = Field(True, description="store the replay buffer (Parquet) with checkpoints")
+
+
+class TrackingSpec(SpecModel):
+    enabled: bool = Field(True, description="record the run in MLflow")
+    experiment: str = Field("aa-ray", min_length=1, description="MLflow experiment name")
+    flush_every_s: PositiveFloat = Field(10.0, description="send buffered metrics at most this often")
+
+
+class RuntimeSpec(SpecModel):
+    mode: Literal["sync"] = Field("sync", description="sync: collection and updates in lockstep")
+    replay_cpus: PositiveFloat = Field(0.5, description="CPUs reserved for the replay actor")
+    output_dir: str = Field("runs", min_length=1, description="where run folders and checkpoints go")
+    resource_timeout_s: PositiveFloat = Field(
+        60.0, description="fail if the cluster cannot place the actors within this time"
+    )
+
+
+class ExperimentSpec(SpecModel):
+    name: str = Field(min_length=1, description="human name of the experiment")
+    seed: NonNegativeInt = Field(0, description="seeds envs, replay sampling and network init")
+    env: EnvSpec
+    algo: AlgoConfig
+    budget: BudgetSpec
+    runners: RunnersSpec = Field(default_factory=RunnersSpec)
+    learners: LearnersSpec = Field(default_factory=LearnersSpec)
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ExperimentSpec:
+        if self.algo.warm_up_steps >= self.budget.env_steps:
+            raise ValueError(
+                f"algo.warm_up_steps ({self.algo.warm_up_steps}) must be below budget.env_steps "
+                f"({self.budget.env_steps}), or training never starts"
+            )
+        if self.algo.batch_size > self.algo.buffer_size:
+            raise ValueError(
+                f"algo.batch_size ({self.algo.batch_size}) exceeds algo.buffer_size "
+                f"({self.algo.buffer_size})"
+            )
+        return self
+
+    @property
+    def transitions_per_fleet_step(self) -> int:
+        return self.runners.num_runners * self.runners.envs_per_runner
+
+    def bundles(self) -> list[dict[str, float]]:
+        """Placement-group bundles: learners first, then runners, then the replay actor."""
+        learner = {"CPU": self.learners.cpus_per_learner}
+        if self.learners.gpus_per_learner > 0:
+            learner["GPU"] = self.learners.gpus_per_learner
+        runner = {"CPU": self.runners.cpus_per_runner}
+        replay = {"CPU": self.runtime.replay_cpus}
+        return [learner] * self.learners.num_learners + [runner] * self.runners.num_runners + [replay]

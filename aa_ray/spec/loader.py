@@ -1,0 +1,119 @@
+"""Reading spec files, applying `--set` overrides, and turning validation failures into one
+readable paragraph that names the file and the field."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from aa_ray.spec.experiment import ExperimentSpec
+
+_ALGO_TAGS = ("sac", "sac_simba")  # the discriminator values of ExperimentSpec.algo
+
+
+class SpecError(ValueError):
+    """A spec (file, override or combination) that cannot run. The message is for the user."""
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"spec file {str(path)!r} does not exist; pass a path to a YAML spec.")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise SpecError(f"{path}: not valid YAML ({err}).") from None
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path}: a spec must be a YAML mapping at the top level, got {type(raw).__name__}.")
+    return raw
+
+
+def apply_overrides(raw: Mapping[str, Any], overrides: Iterable[str], source: str = "--set") -> dict[str, Any]:
+    """Apply `dotted.key=value` overrides to a raw spec dict; values are parsed as YAML scalars."""
+    result = copy.deepcopy(dict(raw))
+    for override in overrides:
+        key, sep, text = override.partition("=")
+        if not sep or not key.strip():
+            raise SpecError(f"{source} {override!r}: expected the form dotted.key=value.")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise SpecError(f"{source} {override!r}: value is not valid YAML ({err}).") from None
+        node = result
+        parts = key.strip().split(".")
+        for depth, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                where = ".".join(parts[: depth + 1])
+                raise SpecError(f"{source} {override!r}: {where} is a value, not a section.")
+            node = child
+        node[parts[-1]] = value
+    return result
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    # A discriminated union puts the tag into the location (algo.sac.utd_ratio); users wrote algo.utd_ratio.
+    parts = [str(p) for p in loc]
+    if len(parts) >= 2 and parts[0] == "algo" and parts[1] in _ALGO_TAGS:
+        del parts[1]
+    return ".".join(parts) or "(top level)"
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"Invalid spec {source}:"]
+    for e in err.errors():
+        message = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            message = "unknown key (check the spelling; see README's spec reference)"
+        shown = "" if e["type"] in ("missing", "extra_forbidden") else f" (got {e.get('input')!r})"
+        lines.append(f"  {_field_path(e['loc'])}: {message}{shown}")
+    lines.append("Fix the field(s) named above in the file or the --set override.")
+    return "\n".join(lines)
+
+
+def validate_spec(raw: Mapping[str, Any], source: str = "<spec>") -> ExperimentSpec:
+    try:
+        return ExperimentSpec.model_validate(raw)
+    except ValidationError as err:
+        raise SpecError(format_validation_error(err, source)) from None
+
+
+def load_spec(path: str | Path, overrides: Iterable[str] = ()) -> ExperimentSpec:
+    """Read, override and validate a spec file. Raises SpecError with a user-facing message."""
+    overrides = list(overrides)
+    raw = apply_overrides(read_yaml(path), overrides)
+    source = str(path) + (f" with --set {' '.join(overrides)}" if overrides else "")
+    return validate_spec(raw, source)
+
+
+def spec_to_dict(spec: ExperimentSpec) -> dict[str, Any]:
+    return spec.model_dump(mode="json")
+
+
+def spec_hash(spec: ExperimentSpec) -> str:
+    """A stable content hash of the resolved spec (defaults included, key order irrelevant)."""
+    canonical = json.dumps(spec_to_dict(spec), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{"algo": {"gamma": 0.99}}` -> `{"algo.gamma": 0.99}` (lists stay values)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def spec_yaml(spec: ExperimentSpec) -> str:
+    return yaml.safe_dump(spec_to_dict(spec), sort_keys=False)
