@@ -21,7 +21,8 @@ class Batch(NamedTuple):
 
     @classmethod
     def from_numpy(cls, arrays: Mapping[str, np.ndarray], device: torch.device) -> Batch:
-        return cls(*(torch.as_tensor(arrays[f], device=device, dtype=torch.float32) for f in cls._fields))
+        # copies: arrays from Ray's object store are read-only views
+        return cls(*(torch.tensor(arrays[f], device=device, dtype=torch.float32) for f in cls._fields))
 
     def __len__(self) -> int:  # number of stacked batches (tuple length is meaningless here)
         return self.obs.shape[0]

@@ -29,7 +29,7 @@ class SACConfig(SpecModel):
     tau: float = Field(0.005, gt=0, le=1, description="polyak rate of the target critics")
     batch_size: PositiveInt = Field(256, description="transitions per gradient step")
     buffer_size: PositiveInt = Field(1_000_000, description="replay capacity in transitions")
-    warm_up_steps: NonNegativeInt = Field(5000, description="uniform random actions until this many transitions are stored")
+    warm_up_steps: NonNegativeInt = Field(5000, description="uniform random actions until this many are stored")
     train_every: PositiveInt = Field(32, description="fleet steps collected between learner iterations")
     utd_ratio: PositiveInt = Field(1, description="critic updates per fleet step")
     actor_lr: PositiveFloat = Field(3e-4, description="actor Adam learning rate")

@@ -30,7 +30,7 @@ class SACSimbaConfig(SpecModel):
     tau: float = Field(0.005, gt=0, le=1, description="polyak rate of the target critics")
     batch_size: PositiveInt = Field(256, description="transitions per gradient step")
     buffer_size: PositiveInt = Field(1_000_000, description="replay capacity in transitions")
-    warm_up_steps: NonNegativeInt = Field(5000, description="uniform random actions until this many transitions are stored")
+    warm_up_steps: NonNegativeInt = Field(5000, description="uniform random actions until this many are stored")
     train_every: PositiveInt = Field(32, description="fleet steps collected between learner iterations")
     utd_ratio: PositiveInt = Field(1, description="critic updates per fleet step")
     learning_rate: PositiveFloat = Field(1e-4, description="initial Adam learning rate (all parts)")

@@ -54,7 +54,7 @@ class EnsembleQ(nn.Module):
         self.num_critics = num_critics
         dims = [obs_dim + act_dim, *hidden_dims, 1]
         self.layers = nn.ModuleList(
-            EnsembleLinear(num_critics, d_in, d_out) for d_in, d_out in zip(dims[:-1], dims[1:])
+            EnsembleLinear(num_critics, d_in, d_out) for d_in, d_out in zip(dims[:-1], dims[1:], strict=True)
         )
 
     def forward(self, obs: Tensor, action: Tensor) -> Tensor:

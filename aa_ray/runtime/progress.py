@@ -24,7 +24,9 @@ class ProgressDisplay:
         self.last_log = 0.0
         self.status: dict[str, Any] = {}
         self.bar = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} env steps"),
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed:,}/{task.total:,} env steps"),
             TimeElapsedColumn(), TimeRemainingColumn(),
         )
         self.task = self.bar.add_task(title, total=total_env_steps)

@@ -80,7 +80,10 @@ class ReplayBuffer:
             else:
                 columns[name] = pa.array(data)
         table = pa.table(columns)
-        meta = {b"aa_ray.replay": f"{self.obs_dim},{self.act_dim}".encode(), b"aa_ray.cursor": str(self.cursor).encode()}
+        meta = {
+            b"aa_ray.replay": f"{self.obs_dim},{self.act_dim}".encode(),
+            b"aa_ray.cursor": str(self.cursor).encode(),
+        }
         pq.write_table(table.replace_schema_metadata(meta), path)
 
     def load(self, path: str | Path, state: dict | None = None) -> None:

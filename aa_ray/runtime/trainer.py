@@ -119,7 +119,7 @@ class Trainer:
         replay_file = Path(payload["folder"]) / REPLAY_FILE
         if replay_file.is_file():
             calls.append(self.replay.load.remote(str(replay_file), payload["replay"]))
-        for runner, state in zip(self.runners, payload["runner_rng"]):
+        for runner, state in zip(self.runners, payload["runner_rng"], strict=False):
             calls.append(runner.load_rng_state.remote(state))
         _get(calls)
 
@@ -171,7 +171,9 @@ class Trainer:
         with ProgressDisplay(spec.name, spec.budget.env_steps, live=self.live) as progress:
             while c.env_steps < spec.budget.env_steps:
                 random_actions = c.env_steps < algo.warm_up_steps
-                sampled = [r.sample.options(num_returns=2).remote(algo.train_every, random_actions) for r in self.runners]
+                sampled = [
+                    r.sample.options(num_returns=2).remote(algo.train_every, random_actions) for r in self.runners
+                ]
                 update_ref = None
                 if learning:
                     num_updates = algo.train_every * algo.utd_ratio

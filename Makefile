@@ -1,0 +1,16 @@
+# The README's two commands: `make run` and `make test`. Both set everything up first.
+.PHONY: setup run test lint bench
+
+setup:
+	./scripts/setup.sh
+
+run: setup
+	.venv/bin/aa-ray run specs/sac_simba.yaml
+
+test: setup
+	.venv/bin/ruff check .
+	.venv/bin/pytest
+
+bench: setup
+	.venv/bin/python -m pip install --quiet -e ".[bench]"
+	.venv/bin/python benchmarks/run_all.py

@@ -1,0 +1,89 @@
+"""End to end on a real local Ray and a real MLflow (SQLite) store: the CLI run, what MLflow holds
+afterwards, and resuming a run from its checkpoint into the same MLflow run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+SPECS = Path(__file__).resolve().parents[1] / "specs"
+
+
+def aa_ray(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "aa_ray.cli", *args], capture_output=True, text=True, timeout=600, env=os.environ.copy()
+    )
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One short Pendulum run through the CLI, then a resume that extends its budget."""
+    workdir = tmp_path_factory.mktemp("cli")
+    old = os.getcwd()
+    os.chdir(workdir)
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{workdir / 'mlflow.db'}"
+    try:
+        first = aa_ray("run", str(SPECS / "sac_pendulum.yaml"), "--plain", "--set", "budget.env_steps=2000",
+                       "--set", "checkpoint.every_env_steps=1000")
+        assert first.returncode == 0, first.stderr[-3000:]
+        run_dir = next((workdir / "runs").iterdir())
+        client = MlflowClient()
+        run = client.search_runs([client.get_experiment_by_name("aa-ray").experiment_id])[0]
+        first_history = [m.step for m in client.get_metric_history(run.info.run_id, "env/steps")]
+        second = aa_ray("run", str(SPECS / "sac_pendulum.yaml"), "--plain", "--set", "budget.env_steps=3000",
+                        "--resume", str(run_dir / "checkpoints" / "final"))
+        return {"first": first, "second": second, "run_dir": run_dir, "run_id": run.info.run_id,
+                "first_history": first_history, "uri": os.environ["MLFLOW_TRACKING_URI"]}
+    finally:
+        os.chdir(old)
+
+
+def test_cli_run_exits_zero_and_writes_checkpoints(short_run: dict) -> None:
+    assert short_run["first"].returncode == 0
+    checkpoints = short_run["run_dir"] / "checkpoints"
+    assert (checkpoints / "final" / "state.pt").is_file()
+    assert (checkpoints / "final" / "replay.parquet").is_file()
+    assert any(p.name.startswith("step_") for p in checkpoints.iterdir())  # the periodic one
+
+
+def test_mlflow_holds_params_metrics_and_artifacts(short_run: dict) -> None:
+    client = MlflowClient(tracking_uri=short_run["uri"])
+    run = client.get_run(short_run["run_id"])
+    assert run.data.params["algo.name"] == "sac"
+    assert run.data.params["env.id"] == "Pendulum-v1"
+    assert run.data.tags["algo"] == "sac" and run.data.tags["env"] == "Pendulum-v1"
+    assert len(run.data.tags["spec_hash"]) == 12
+    for metric in ("env/steps", "eval/return", "train/episode_return", "replay/size", "critic/q_loss", "actor/alpha"):
+        assert client.get_metric_history(run.info.run_id, metric), metric
+    evals = client.get_metric_history(run.info.run_id, "eval/return")
+    assert len(evals) >= 2  # a curve, not a single point
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"spec", "checkpoints"} <= artifacts
+    final = {a.path for a in client.list_artifacts(run.info.run_id, "checkpoints/final")}
+    assert {"checkpoints/final/state.pt", "checkpoints/final/spec.yaml"} <= final
+
+
+def test_resume_continues_env_steps_and_the_same_mlflow_run(short_run: dict) -> None:
+    assert short_run["second"].returncode == 0, short_run["second"].stderr[-3000:]
+    client = MlflowClient(tracking_uri=short_run["uri"])
+    runs = client.search_runs([client.get_experiment_by_name("aa-ray").experiment_id])
+    assert len(runs) == 1  # resumed into the same run, not a fork
+    steps = [m.step for m in client.get_metric_history(short_run["run_id"], "env/steps")]
+    first_last = max(short_run["first_history"])
+    assert first_last >= 2000
+    resumed = [s for s in steps if s > first_last]
+    assert resumed and min(resumed) <= first_last + 100  # picks up where it stopped, not from zero
+    assert max(steps) >= 3000
+    assert client.get_run(short_run["run_id"]).info.status == "FINISHED"
+
+
+def test_resume_with_a_different_algo_is_refused(short_run: dict) -> None:
+    result = aa_ray("run", str(SPECS / "sac_pendulum.yaml"), "--set", "algo.hidden_dims=[64]",
+                    "--resume", str(short_run["run_dir"] / "checkpoints" / "final"))
+    assert result.returncode == 2
+    assert "algo.hidden_dims" in result.stderr and "Traceback" not in result.stderr

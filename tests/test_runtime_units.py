@@ -1,0 +1,173 @@
+"""The runtime's plain objects, used in-process: env runner semantics, replay, learner, checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from aa_ray.algos.common import Batch
+from aa_ray.runtime.checkpoint import CheckpointError, check_compatible, load_checkpoint, save_checkpoint
+from aa_ray.runtime.env_runner import EnvRunner
+from aa_ray.runtime.learner import Learner
+from aa_ray.runtime.replay import ReplayBuffer
+from aa_ray.spec.loader import apply_overrides, validate_spec
+
+
+class CountingEnv(gym.Env):
+    """obs = [steps taken in this episode]; terminates after `terminate_at` steps."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def __init__(self, terminate_at: int = 10_000):
+        self.terminate_at = terminate_at
+        self.t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.array([self.t], np.float32), 1.0, self.t >= self.terminate_at, False, {}
+
+
+gym.register("aa_ray_tests/Counting-v0", entry_point=CountingEnv, max_episode_steps=5)
+
+
+def counting_spec(terminate_at: int, algo: str = "sac", **extra: str):
+    nets = {"hidden_dims": [16]} if algo == "sac" else {"critic_hidden_dim": 32, "actor_hidden_dim": 16}
+    raw = {
+        "name": "counting",
+        "env": {"id": "aa_ray_tests/Counting-v0", "kwargs": {"terminate_at": terminate_at}},
+        "algo": {"name": algo, "warm_up_steps": 10, "batch_size": 8, "buffer_size": 100, **nets},
+        "budget": {"env_steps": 1000},
+        "runners": {"envs_per_runner": 2},
+    }
+    return validate_spec(apply_overrides(raw, [f"{k}={v}" for k, v in extra.items()]))
+
+
+def test_terminated_is_stored_and_autoreset_step_is_not() -> None:
+    runner = EnvRunner(counting_spec(terminate_at=3), index=0)
+    transitions, stats = runner.sample(num_steps=12, random_actions=True)
+    obs, next_obs = transitions["obs"][:, 0], transitions["next_obs"][:, 0]
+    # within an episode the counter goes up by exactly one; an autoreset step would go 3 -> 0
+    assert np.all(next_obs == obs + 1)
+    assert np.all(transitions["terminated"] == (next_obs == 3))
+    assert not transitions["truncated"].any()
+    # 12 vector steps on 2 envs, each episode is 3 steps + 1 reset step -> 3 episodes x 3 per env
+    assert stats["env_steps"] == 18 == len(obs)
+    assert [e["return"] for e in stats["episodes"]] == [3.0] * 6
+
+
+def test_truncated_is_not_terminated() -> None:
+    runner = EnvRunner(counting_spec(terminate_at=10_000), index=0)
+    transitions, _ = runner.sample(num_steps=7, random_actions=True)
+    next_obs = transitions["next_obs"][:, 0]
+    assert np.all(transitions["truncated"] == (next_obs == 5))  # time limit of 5 steps
+    assert transitions["truncated"].sum() == 2
+    assert not transitions["terminated"].any()
+
+
+def test_only_a_terminal_masks_the_bootstrap() -> None:
+    """SAC's TD target: r for a terminal transition, r + gamma * soft V(s') for a truncated one."""
+    learner = Learner(counting_spec(terminate_at=3), obs_dim=1, act_dim=1)
+    one = {
+        "obs": np.zeros((1, 1, 1), np.float32), "action": np.zeros((1, 1, 1), np.float32),
+        "reward": np.full((1, 1), 0.5, np.float32), "next_obs": np.ones((1, 1, 1), np.float32),
+        "terminated": np.ones((1, 1), np.float32), "truncated": np.zeros((1, 1), np.float32),
+    }
+    algo = learner.algo
+    terminal = algo.update_critic(Batch.from_numpy(one, learner.device).at(0), diagnostics=True)
+    assert terminal["critic/td_target"] == pytest.approx(0.5)
+    truncated = {**one, "terminated": np.zeros((1, 1), np.float32), "truncated": np.ones((1, 1), np.float32)}
+    bootstrapped = algo.update_critic(Batch.from_numpy(truncated, learner.device).at(0), diagnostics=True)
+    assert abs(bootstrapped["critic/td_target"] - 0.5) > 1e-4
+
+
+def make_chunk(start: int, n: int) -> dict[str, np.ndarray]:
+    ids = np.arange(start, start + n, dtype=np.float32)
+    return {
+        "obs": np.stack([ids, -ids], 1), "action": ids[:, None] / 1e4, "reward": ids, "next_obs": np.stack([ids + 1, ids], 1),
+        "terminated": (ids % 7 == 0).astype(np.float32), "truncated": np.zeros(n, np.float32),
+    }
+
+
+def test_replay_ring_keeps_the_newest_transitions() -> None:
+    replay = ReplayBuffer(capacity=10, obs_dim=2, act_dim=1, seed=0)
+    assert replay.add(make_chunk(0, 6), make_chunk(6, 6)) == 10
+    assert sorted(replay.storage["reward"].tolist()) == list(range(2, 12))
+    batch = replay.sample(num_batches=3, batch_size=4)
+    assert batch["obs"].shape == (3, 4, 2) and batch["reward"].shape == (3, 4)
+    # fields stay aligned row by row
+    assert np.all(batch["obs"][..., 0] == batch["reward"]) and np.all(batch["next_obs"][..., 0] == batch["reward"] + 1)
+
+
+def test_replay_parquet_round_trip_samples_identically(tmp_path: Path) -> None:
+    replay = ReplayBuffer(capacity=50, obs_dim=2, act_dim=1, seed=3)
+    replay.add(make_chunk(0, 70))
+    replay.sample(2, 5)
+    replay.save(tmp_path / "replay.parquet")
+    restored = ReplayBuffer(capacity=50, obs_dim=2, act_dim=1, seed=99)
+    restored.load(tmp_path / "replay.parquet", replay.state())
+    a, b = replay.sample(4, 16), restored.sample(4, 16)
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key])
+    wrong = ReplayBuffer(capacity=50, obs_dim=3, act_dim=1, seed=0)
+    with pytest.raises(ValueError, match="obs/action dims 2,1"):
+        wrong.load(tmp_path / "replay.parquet")
+
+
+@pytest.mark.parametrize("algo", ["sac", "sac_simba"])
+def test_checkpoint_round_trip_restores_parameters_and_optimizers(tmp_path: Path, algo: str) -> None:
+    spec = counting_spec(3, algo, **{"algo.utd_ratio": 2})
+    learner = Learner(spec, obs_dim=1, act_dim=1)
+    replay = ReplayBuffer(100, 1, 1, seed=0)
+    runner = EnvRunner(spec, 0)
+    replay.add(runner.sample(20, random_actions=True)[0])
+    learner.update(replay.sample(4 * spec.algo.utd_ratio, 8), [(5, np.ones(1), np.ones(1))])
+
+    save_checkpoint(tmp_path / "ckpt", spec, {"learner": learner.state_dict()})
+    payload = load_checkpoint(tmp_path / "ckpt")
+    check_compatible(spec, payload)
+    restored = Learner(spec, obs_dim=1, act_dim=1)
+    restored.load_state_dict(payload["learner"])
+
+    for name in ("policy", "critic", "critic_target"):
+        for (k, a), (_, b) in zip(
+            getattr(learner.algo, name).state_dict().items(), getattr(restored.algo, name).state_dict().items(), strict=True
+        ):
+            assert torch.equal(a, b), f"{name}.{k}"
+    for name in ("actor_optimizer", "critic_optimizer", "alpha_optimizer"):
+        saved, loaded = getattr(learner.algo, name).state_dict(), getattr(restored.algo, name).state_dict()
+        for key, slot in saved["state"].items():
+            for field, value in slot.items():
+                assert torch.equal(torch.as_tensor(value), torch.as_tensor(loaded["state"][key][field])), (name, field)
+    # the same next update from both gives the same numbers
+    batches = replay.sample(spec.algo.utd_ratio, 8)
+    torch.manual_seed(0)
+    a = learner.update(batches, [])
+    torch.manual_seed(0)
+    b = restored.update(batches, [])
+    assert a["critic/q_loss"] == b["critic/q_loss"] and a["actor/loss"] == b["actor/loss"]
+
+
+def test_corrupt_and_incompatible_checkpoints_are_explained(tmp_path: Path) -> None:
+    spec = counting_spec(3)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "state.pt").write_bytes(b"not a checkpoint at all")
+    with pytest.raises(CheckpointError, match="corrupt or not an aa-ray checkpoint"):
+        load_checkpoint(tmp_path / "bad")
+    with pytest.raises(CheckpointError, match="not found"):
+        load_checkpoint(tmp_path / "missing")
+    save_checkpoint(tmp_path / "ok", spec, {})
+    other = counting_spec(3, **{"algo.hidden_dims": "[32]"})
+    with pytest.raises(CheckpointError, match=r"algo.hidden_dims: checkpoint has \[16\], spec has \[32\]"):
+        check_compatible(other, load_checkpoint(tmp_path / "ok"))
+    # a budget change is a legitimate resume
+    check_compatible(counting_spec(3, **{"budget.env_steps": 5000}), load_checkpoint(tmp_path / "ok"))

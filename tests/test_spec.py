@@ -1,0 +1,130 @@
+"""Spec loading: bad input is rejected with a message naming the field, and nothing starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import ray
+import yaml
+
+from aa_ray.cli import main
+from aa_ray.spec.loader import SpecError, apply_overrides, load_spec, spec_hash, validate_spec
+
+SPECS = Path(__file__).resolve().parents[1] / "specs"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    return path
+
+
+MINIMAL = """
+name: t
+env: {id: Pendulum-v1}
+algo: {name: sac, warm_up_steps: 100}
+budget: {env_steps: 1000}
+"""
+
+
+@pytest.mark.parametrize("spec_file", sorted(SPECS.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_specs_validate(spec_file: Path) -> None:
+    spec = load_spec(spec_file)
+    assert spec.name
+
+
+# (file contents or overrides, text the error must contain)
+BAD_FILES = [
+    ("name: t\nenv: {id: Pendulum-v1}\nalgo: {name: sac}\nbudget: {env_steps: 1000}\nbogus: 1\n", "bogus: unknown key"),
+    (MINIMAL + "runners: {num_runnerz: 2}\n", "runners.num_runnerz: unknown key"),
+    (MINIMAL.replace("warm_up_steps: 100", "warm_up_steps: many"), "algo.warm_up_steps"),
+    (MINIMAL.replace("env_steps: 1000", "env_steps: -5"), "budget.env_steps"),
+    (MINIMAL.replace("name: sac,", "name: ddpg,"), "algo"),
+    (MINIMAL.replace("Pendulum-v1", "Pendulm-v1"), "env.id: unknown gymnasium env id 'Pendulm-v1'"),
+    (MINIMAL.replace("budget: {env_steps: 1000}", ""), "budget: Field required"),
+    (MINIMAL.replace("warm_up_steps: 100", "warm_up_steps: 5000"), "algo.warm_up_steps (5000) must be below budget"),
+    ("- just\n- a list\n", "must be a YAML mapping"),
+    ("name: [unclosed\n", "not valid YAML"),
+    (MINIMAL + "learners: {num_learners: 2}\n", "learners.num_learners"),
+    (MINIMAL.replace("name: sac,", "name: sac_simba, learning_rate_end: 1.0,"), "learning_rate_end"),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), BAD_FILES)
+def test_bad_spec_files_name_the_field(tmp_path: Path, text: str, expected: str) -> None:
+    with pytest.raises(SpecError) as err:
+        load_spec(write(tmp_path, text))
+    assert expected in str(err.value)
+    assert str(tmp_path / "spec.yaml") in str(err.value)  # the file is named too
+
+
+BAD_OVERRIDES = [
+    (["algo.utd_ratio=-1"], "algo.utd_ratio"),
+    (["algo.utd_ratio=fast"], "algo.utd_ratio"),
+    (["algo.batch_size=0"], "algo.batch_size"),
+    (["algo.hidden_dims=[]"], "algo.hidden_dims"),
+    (["algo.gamma=1.5"], "algo.gamma"),
+    (["env.idd=Pendulum-v1"], "env.idd: unknown key"),
+    (["seed=-3"], "seed"),
+    (["algo.batch_size=4096", "algo.buffer_size=1000"], "exceeds algo.buffer_size"),
+    (["budget.env_steps.x=1"], "budget.env_steps is a value, not a section"),
+    (["no_equals_sign"], "expected the form dotted.key=value"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "expected"), BAD_OVERRIDES)
+def test_bad_overrides_name_the_field(tmp_path: Path, overrides: list[str], expected: str) -> None:
+    with pytest.raises(SpecError) as err:
+        load_spec(write(tmp_path, MINIMAL), overrides)
+    assert expected in str(err.value)
+
+
+def test_overrides_are_typed_like_the_file(tmp_path: Path) -> None:
+    spec = load_spec(write(tmp_path, MINIMAL), ["algo.utd_ratio=4", "algo.hidden_dims=[64, 64]", "tracking.enabled=false"])
+    assert spec.algo.utd_ratio == 4
+    assert spec.algo.hidden_dims == [64, 64]
+    assert spec.tracking.enabled is False
+
+
+def test_spec_hash_is_stable_and_content_addressed(tmp_path: Path) -> None:
+    raw = yaml.safe_load(MINIMAL)
+    reordered = dict(reversed(list(raw.items())))
+    assert spec_hash(validate_spec(raw)) == spec_hash(validate_spec(reordered))
+    # spelling out a default does not change what the spec means
+    assert spec_hash(validate_spec(raw)) == spec_hash(validate_spec(apply_overrides(raw, ["algo.gamma=0.99"])))
+    assert spec_hash(validate_spec(raw)) != spec_hash(validate_spec(apply_overrides(raw, ["algo.gamma=0.9"])))
+
+
+def test_specs_are_frozen(tmp_path: Path) -> None:
+    spec = load_spec(write(tmp_path, MINIMAL))
+    with pytest.raises(Exception):  # noqa: B017  (pydantic raises ValidationError for frozen models)
+        spec.algo.utd_ratio = 3
+
+
+def test_cli_rejects_bad_spec_without_starting_ray(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = write(tmp_path, MINIMAL)
+    code = main(["run", str(path), "--set", "algo.utd_ratio=-1"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "algo.utd_ratio" in err and "Traceback" not in err
+    assert not ray.is_initialized()
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_cli_validate_prints_resolved_spec() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "aa_ray.cli", "validate", str(SPECS / "sac_pendulum.yaml"), "--set", "algo.utd_ratio=3"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    assert "utd_ratio: 3" in out and "spec hash" in out and "bundles" in out
+
+
+def test_cli_missing_file_is_one_clear_line(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "aa_ray.cli", "run", str(tmp_path / "nope.yaml")], capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert "does not exist" in result.stderr and "Traceback" not in result.stderr
