@@ -87,3 +87,9 @@ def test_resume_with_a_different_algo_is_refused(short_run: dict) -> None:
                     "--resume", str(short_run["run_dir"] / "checkpoints" / "final"))
     assert result.returncode == 2
     assert "algo.hidden_dims" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_asking_for_a_gpu_the_cluster_lacks_fails_fast_naming_it() -> None:
+    result = aa_ray("run", str(SPECS / "sac_pendulum.yaml"), "--set", "learners.gpus_per_learner=1", "--no-track")
+    assert result.returncode == 1
+    assert "needs 1 GPU" in result.stderr and "Traceback" not in result.stderr

@@ -55,9 +55,9 @@ class SAC:
         self.log_alpha = torch.tensor(math.log(cfg.init_alpha), device=device, requires_grad=True)
         self.target_entropy = -float(act_dim) if cfg.target_entropy is None else cfg.target_entropy
 
-        self.actor_optimizer = torch.optim.Adam(self.policy.actor.parameters(), lr=cfg.actor_lr)
-        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr)
-        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr)
+        self.actor_optimizer = torch.optim.Adam(self.policy.actor.parameters(), lr=cfg.actor_lr, fused=True)
+        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, fused=True)
+        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr, fused=True)
 
     def update(self, batch: Batch, diagnostics: bool = False) -> dict[str, float]:
         """One fleet step's worth of learning: `len(batch)` critic steps, then actor and temperature."""

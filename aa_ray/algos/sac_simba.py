@@ -64,9 +64,9 @@ class SACSimba:
         self.log_alpha = torch.tensor(math.log(cfg.init_alpha), device=device, requires_grad=True)
         self.target_entropy = cfg.target_entropy_per_dim * act_dim
 
-        self.actor_optimizer = torch.optim.Adam(self.policy.actor.parameters(), lr=cfg.learning_rate)
-        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=cfg.learning_rate)
-        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=cfg.learning_rate)
+        self.actor_optimizer = torch.optim.Adam(self.policy.actor.parameters(), lr=cfg.learning_rate, fused=True)
+        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=cfg.learning_rate, fused=True)
+        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=cfg.learning_rate, fused=True)
         self.planned_steps = max(planned_steps, 1)
         self.steps_done = 0  # fleet steps learned from, drives the learning-rate decay
 

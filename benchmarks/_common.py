@@ -1,0 +1,105 @@
+"""Helpers shared by the benchmark scripts: alternating timing, median ratios, tables, machine info.
+
+The benchmarks run on shared, possibly busy machines, so absolute rates drift. What they report
+as the result is always a ratio measured side by side: the contenders are run alternately
+(A B A B ...) within one process and the per-repetition ratios are summarised by their median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SPECS = REPO / "specs"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_info() -> dict[str, Any]:
+    import torch
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    return {
+        "date": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "nproc": os.cpu_count(),
+        "cpu": cpu_model(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "loadavg_1m_at_start": round(load[0], 2),
+    }
+
+
+def print_machine(info: dict[str, Any]) -> None:
+    print(
+        f"# {info['date']}  nproc={info['nproc']}  cpu={info['cpu']}  python {info['python']}  "
+        f"torch {info['torch']} (threads={info['torch_threads']})  load(1m)={info['loadavg_1m_at_start']}"
+    )
+
+
+def alternate(contenders: Sequence[tuple[str, Callable[[], float]]], reps: int, verbose: bool = True
+              ) -> dict[str, list[float]]:
+    """Run every contender once per repetition, in the given order (A B A B ...); each call
+    returns a rate (higher is better). Returns the rates per contender, one per repetition."""
+    rates: dict[str, list[float]] = {name: [] for name, _ in contenders}
+    for rep in range(reps):
+        for name, fn in contenders:
+            rate = fn()
+            rates[name].append(rate)
+            if verbose:
+                print(f"  rep {rep + 1}/{reps}  {name:<34s} {rate:10.1f}", flush=True)
+    return rates
+
+
+def median_ratio(rates: dict[str, list[float]], num: str, den: str) -> float:
+    """Median over repetitions of rate[num] / rate[den] (the two were measured back to back)."""
+    return statistics.median(a / b for a, b in zip(rates[num], rates[den], strict=True))
+
+
+def fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.1f}"
+    return str(value)
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    cells = [[fmt(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    line = "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |"
+    print(line)
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in cells:
+        print("| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + " |")
+
+
+def base_parser(description: str, reps: int) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--reps", type=int, default=reps, help="alternating repetitions per contender")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results to this JSON file")
+    return parser
+
+
+def write_json(path: Path | None, payload: dict[str, Any]) -> None:
+    if path is not None:
+        path.write_text(json.dumps(payload, indent=2, default=str))
+
+
+def command_line() -> str:
+    return " ".join([".venv/bin/python", *[a for a in sys.argv if a]])
