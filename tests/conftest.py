@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# MuJoCo picks its GL backend at import; EGL renders offscreen without a display.
+os.environ.setdefault("MUJOCO_GL", "egl")
 
 
 @pytest.fixture(autouse=True)

@@ -129,9 +129,7 @@ def test_actions_are_clipped() -> None:
         env.reset(seed=4)
         return env.step(action)[0]
 
-    np.testing.assert_array_equal(
-        first_obs(np.array([5.0, -7.0])), first_obs(np.array([1.0, -1.0]))
-    )
+    np.testing.assert_array_equal(first_obs(np.array([5.0, -7.0])), first_obs(np.array([1.0, -1.0])))
 
 
 def test_scripted_controller_reaches_target() -> None:
@@ -162,9 +160,7 @@ def test_scripted_action_batched_matches_single() -> None:
 def test_random_policy_baseline() -> None:
     env = gym.make(PUSHER_REACH_ID)
     rng = np.random.default_rng(0)
-    finals = [
-        _final_distance(env, seed, lambda _obs: rng.uniform(-1, 1, ACT_DIM)) for seed in range(50)
-    ]
+    finals = [_final_distance(env, seed, lambda _obs: rng.uniform(-1, 1, ACT_DIM)) for seed in range(50)]
     assert 0.10 <= float(np.mean(finals)) <= 0.25
 
 

@@ -28,17 +28,37 @@ def short_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     os.chdir(workdir)
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{workdir / 'mlflow.db'}"
     try:
-        first = aa_ray("run", str(SPECS / "sac_pendulum.yaml"), "--plain", "--set", "budget.env_steps=2000",
-                       "--set", "checkpoint.every_env_steps=1000")
+        first = aa_ray(
+            "run",
+            str(SPECS / "sac_pendulum.yaml"),
+            "--plain",
+            "--set",
+            "budget.env_steps=2000",
+            "--set",
+            "checkpoint.every_env_steps=1000",
+        )
         assert first.returncode == 0, first.stderr[-3000:]
         run_dir = next((workdir / "runs").iterdir())
         client = MlflowClient()
         run = client.search_runs([client.get_experiment_by_name("aa-ray").experiment_id])[0]
         first_history = [m.step for m in client.get_metric_history(run.info.run_id, "env/steps")]
-        second = aa_ray("run", str(SPECS / "sac_pendulum.yaml"), "--plain", "--set", "budget.env_steps=3000",
-                        "--resume", str(run_dir / "checkpoints" / "final"))
-        return {"first": first, "second": second, "run_dir": run_dir, "run_id": run.info.run_id,
-                "first_history": first_history, "uri": os.environ["MLFLOW_TRACKING_URI"]}
+        second = aa_ray(
+            "run",
+            str(SPECS / "sac_pendulum.yaml"),
+            "--plain",
+            "--set",
+            "budget.env_steps=3000",
+            "--resume",
+            str(run_dir / "checkpoints" / "final"),
+        )
+        return {
+            "first": first,
+            "second": second,
+            "run_dir": run_dir,
+            "run_id": run.info.run_id,
+            "first_history": first_history,
+            "uri": os.environ["MLFLOW_TRACKING_URI"],
+        }
     finally:
         os.chdir(old)
 
@@ -83,8 +103,14 @@ def test_resume_continues_env_steps_and_the_same_mlflow_run(short_run: dict) -> 
 
 
 def test_resume_with_a_different_algo_is_refused(short_run: dict) -> None:
-    result = aa_ray("run", str(SPECS / "sac_pendulum.yaml"), "--set", "algo.hidden_dims=[64]",
-                    "--resume", str(short_run["run_dir"] / "checkpoints" / "final"))
+    result = aa_ray(
+        "run",
+        str(SPECS / "sac_pendulum.yaml"),
+        "--set",
+        "algo.hidden_dims=[64]",
+        "--resume",
+        str(short_run["run_dir"] / "checkpoints" / "final"),
+    )
     assert result.returncode == 2
     assert "algo.hidden_dims" in result.stderr and "Traceback" not in result.stderr
 

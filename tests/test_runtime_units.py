@@ -78,9 +78,12 @@ def test_only_a_terminal_masks_the_bootstrap() -> None:
     """SAC's TD target: r for a terminal transition, r + gamma * soft V(s') for a truncated one."""
     learner = Learner(counting_spec(terminate_at=3), obs_dim=1, act_dim=1)
     one = {
-        "obs": np.zeros((1, 1, 1), np.float32), "action": np.zeros((1, 1, 1), np.float32),
-        "reward": np.full((1, 1), 0.5, np.float32), "next_obs": np.ones((1, 1, 1), np.float32),
-        "terminated": np.ones((1, 1), np.float32), "truncated": np.zeros((1, 1), np.float32),
+        "obs": np.zeros((1, 1, 1), np.float32),
+        "action": np.zeros((1, 1, 1), np.float32),
+        "reward": np.full((1, 1), 0.5, np.float32),
+        "next_obs": np.ones((1, 1, 1), np.float32),
+        "terminated": np.ones((1, 1), np.float32),
+        "truncated": np.zeros((1, 1), np.float32),
     }
     algo = learner.algo
     terminal = algo.update_critic(Batch.from_numpy(one, learner.device).at(0), diagnostics=True)
@@ -93,8 +96,12 @@ def test_only_a_terminal_masks_the_bootstrap() -> None:
 def make_chunk(start: int, n: int) -> dict[str, np.ndarray]:
     ids = np.arange(start, start + n, dtype=np.float32)
     return {
-        "obs": np.stack([ids, -ids], 1), "action": ids[:, None] / 1e4, "reward": ids, "next_obs": np.stack([ids + 1, ids], 1),
-        "terminated": (ids % 7 == 0).astype(np.float32), "truncated": np.zeros(n, np.float32),
+        "obs": np.stack([ids, -ids], 1),
+        "action": ids[:, None] / 1e4,
+        "reward": ids,
+        "next_obs": np.stack([ids + 1, ids], 1),
+        "terminated": (ids % 7 == 0).astype(np.float32),
+        "truncated": np.zeros(n, np.float32),
     }
 
 
@@ -140,7 +147,9 @@ def test_checkpoint_round_trip_restores_parameters_and_optimizers(tmp_path: Path
 
     for name in ("policy", "critic", "critic_target"):
         for (k, a), (_, b) in zip(
-            getattr(learner.algo, name).state_dict().items(), getattr(restored.algo, name).state_dict().items(), strict=True
+            getattr(learner.algo, name).state_dict().items(),
+            getattr(restored.algo, name).state_dict().items(),
+            strict=True,
         ):
             assert torch.equal(a, b), f"{name}.{k}"
     for name in ("actor_optimizer", "critic_optimizer", "alpha_optimizer"):

@@ -83,7 +83,9 @@ def test_bad_overrides_name_the_field(tmp_path: Path, overrides: list[str], expe
 
 
 def test_overrides_are_typed_like_the_file(tmp_path: Path) -> None:
-    spec = load_spec(write(tmp_path, MINIMAL), ["algo.utd_ratio=4", "algo.hidden_dims=[64, 64]", "tracking.enabled=false"])
+    spec = load_spec(
+        write(tmp_path, MINIMAL), ["algo.utd_ratio=4", "algo.hidden_dims=[64, 64]", "tracking.enabled=false"]
+    )
     assert spec.algo.utd_ratio == 4
     assert spec.algo.hidden_dims == [64, 64]
     assert spec.tracking.enabled is False
@@ -117,7 +119,9 @@ def test_cli_rejects_bad_spec_without_starting_ray(tmp_path: Path, capsys: pytes
 def test_cli_validate_prints_resolved_spec() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "aa_ray.cli", "validate", str(SPECS / "sac_pendulum.yaml"), "--set", "algo.utd_ratio=3"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     assert "utd_ratio: 3" in out and "spec hash" in out and "bundles" in out
 

@@ -4,7 +4,8 @@ The env talks to MuJoCo through the official python bindings directly (no
 ``MujocoEnv`` base class), so it has no GL dependency unless ``render()`` is called.
 
 Dynamics are deliberately simple and well-conditioned so that an off-policy agent
-(SAC) learns it in a few thousand steps:
+learns it quickly (stable-baselines3 SAC with default settings gets the mean final
+distance below 0.05 m after ~12k env steps and to ~0.03-0.04 m at 20k):
 
 * Large rotor inertia (``armature``) dominates the tiny link inertias, so the two
   joints are nearly decoupled and their response barely depends on the arm's
@@ -117,7 +118,8 @@ class PusherReachEnv(gym.Env[np.ndarray, np.ndarray]):
     """Planar two-link reacher; reward is minus the fingertip-target distance each step.
 
     Never terminates; the time limit (``MAX_EPISODE_STEPS``) is added by the gymnasium
-    registration, so the raw class runs forever.
+    registration, so the raw class runs forever. ``width``/``height`` of rendered
+    frames must not exceed the model's 640x640 offscreen buffer.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": int(round(1.0 / DT))}
@@ -254,9 +256,7 @@ def scripted_action(obs: np.ndarray) -> np.ndarray:
     best_cost = None
     for sign in (1.0, -1.0):
         q2 = sign * elbow
-        q1 = np.arctan2(ty, tx) - np.arctan2(
-            LINK2_LENGTH * np.sin(q2), LINK1_LENGTH + LINK2_LENGTH * np.cos(q2)
-        )
+        q1 = np.arctan2(ty, tx) - np.arctan2(LINK2_LENGTH * np.sin(q2), LINK1_LENGTH + LINK2_LENGTH * np.cos(q2))
         err = np.stack([_wrap(q1 - q[:, 0]), q2 - q[:, 1]], axis=-1)
         cost = np.abs(err).sum(axis=-1)
         if best_err is None:

@@ -1,0 +1,173 @@
+"""End-to-end env steps/s on Pendulum-v1: aa-ray on Ray vs Stable-Baselines3 SAC vs aa-ray's own
+components in one process without Ray.
+
+Common settings: UTD 1 (one critic + one actor + one temperature update per env step), batch
+256, 256x256 MLPs, replay 100k, `--warm-up` random-action steps then learning up to `--budget`
+env steps, one env, torch.set_num_threads(1) in this process (the aa-ray actors get 1 torch
+thread and OMP_NUM_THREADS=1 from the spec / runtime env).
+
+Contenders (run alternately, A B C ... A B C ...):
+- aa-ray (Ray): `Trainer(spec, live=False, track=False).run()` on an embedded local Ray that this
+  script starts once beforehand (Ray start-up is not timed). Env runner, replay and learner are
+  separate actor processes; collection of iteration k overlaps the learner's update on k-1.
+- SB3: `stable_baselines3.SAC("MlpPolicy", ...)` with learning_starts=warm-up, batch 256,
+  train_freq 1, gradient_steps 1, net_arch [256, 256], buffer 100k, device cpu;
+  `model.learn(total_timesteps=budget)`.
+- aa-ray (no Ray): `EnvRunner`, `ReplayBuffer`, `Learner` driven in this process with the
+  Trainer's iteration structure (sample `train_every` steps; replay.sample + learner.update on
+  `train_every * utd` batches; set_weights; replay.add), sequentially.
+- the same two aa-ray contenders with `algo.train_every=1` (per-iteration overhead), unless
+  `--skip-train-every-1`.
+
+Reported rate: env steps/s over the learning phase only (after the warm-up, to the end), the same
+window for every contender; it includes env stepping, acting, replay, updates and weight sync,
+and excludes process/actor start-up, the warm-up phase, evaluation and the final checkpoint.
+
+Run:  .venv/bin/python benchmarks/bench_end_to_end.py [--reps 2] [--budget 3000] [--warm-up 1000]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (  # noqa: E402
+    SPECS,
+    alternate,
+    base_parser,
+    command_line,
+    machine_info,
+    median_ratio,
+    print_machine,
+    print_table,
+    write_json,
+)
+from _timed import TimedTrainer, learning_phase, start_ray, trainer_overrides  # noqa: E402
+
+from aa_ray.runtime.env_runner import EnvRunner, env_dims  # noqa: E402
+from aa_ray.runtime.learner import Learner  # noqa: E402
+from aa_ray.runtime.replay import ReplayBuffer  # noqa: E402
+from aa_ray.spec.loader import load_spec  # noqa: E402
+
+
+def run_aa_ray(spec) -> float:
+    trainer = TimedTrainer(spec, live=False, track=False)
+    trainer.run()
+    return trainer.learning_rate()["steps_per_s"]
+
+
+def run_no_ray(spec) -> float:
+    """The Trainer's iteration, in one process and in sequence."""
+    algo = spec.algo
+    obs_dim, act_dim = env_dims(spec)
+    runner = EnvRunner(spec, 0)
+    learner = Learner(spec, obs_dim, act_dim)
+    replay = ReplayBuffer(algo.buffer_size, obs_dim, act_dim, seed=spec.seed)
+    runner.set_weights(*learner.policy_state())
+    steps, learning, pending = 0, False, []
+    stamps: list[tuple[float, int]] = []
+    while steps < spec.budget.env_steps:
+        transitions, stats = runner.sample(algo.train_every, steps < algo.warm_up_steps)
+        if learning:
+            batches = replay.sample(algo.train_every * algo.utd_ratio, algo.batch_size)
+            learner.update(batches, pending)
+            pending = []
+            runner.set_weights(*learner.policy_state())
+        replay.add(transitions)
+        steps += stats["env_steps"]
+        pending.append(stats["obs_moments"])
+        learning = learning or steps >= algo.warm_up_steps
+        stamps.append((time.perf_counter(), steps))
+    return learning_phase(stamps, algo.warm_up_steps)["steps_per_s"]
+
+
+def run_sb3(budget: int, warm_up: int, seed: int = 0) -> float:
+    import gymnasium as gym
+    from stable_baselines3 import SAC
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class Stamp(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.start: tuple[float, int] | None = None
+
+        def _on_step(self) -> bool:
+            if self.start is None and self.num_timesteps >= warm_up:
+                self.start = (time.perf_counter(), self.num_timesteps)
+            return True
+
+    model = SAC(
+        "MlpPolicy", gym.make("Pendulum-v1"), learning_starts=warm_up, batch_size=256, train_freq=1,
+        gradient_steps=1, buffer_size=100_000, policy_kwargs={"net_arch": [256, 256]}, device="cpu",
+        seed=seed, verbose=0,
+    )
+    torch.set_num_threads(1)
+    callback = Stamp()
+    model.learn(total_timesteps=budget, callback=callback)
+    end = time.perf_counter()
+    t0, s0 = callback.start
+    return (model.num_timesteps - s0) / (end - t0)
+
+
+def main() -> None:
+    parser = base_parser(__doc__.splitlines()[0], reps=2)
+    parser.add_argument("--budget", type=int, default=3000, help="env steps per run")
+    parser.add_argument("--warm-up", type=int, default=1000, help="random-action steps before learning")
+    parser.add_argument("--skip-train-every-1", action="store_true", help="only the spec's train_every")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    info = machine_info()
+    print_machine(info)
+
+    out = Path(tempfile.mkdtemp(prefix="aa_ray_bench_"))
+    spec = load_spec(SPECS / "sac_pendulum.yaml", trainer_overrides(args.budget, args.warm_up, None, out))
+    spec_te1 = load_spec(SPECS / "sac_pendulum.yaml", trainer_overrides(args.budget, args.warm_up, 1, out))
+    te = spec.algo.train_every
+    start_ray(spec)
+    print(f"# Pendulum-v1, budget {args.budget}, warm-up {args.warm_up}, UTD 1, batch 256, 256x256, "
+          f"spec train_every {te}, {args.reps} reps; rates = env steps/s in the learning phase")
+
+    contenders = [
+        (f"aa-ray Ray (train_every={te})", lambda: run_aa_ray(spec)),
+        ("SB3 SAC", lambda: run_sb3(args.budget, args.warm_up)),
+        (f"aa-ray no-Ray (train_every={te})", lambda: run_no_ray(spec)),
+    ]
+    if not args.skip_train_every_1:
+        contenders += [
+            ("aa-ray Ray (train_every=1)", lambda: run_aa_ray(spec_te1)),
+            ("aa-ray no-Ray (train_every=1)", lambda: run_no_ray(spec_te1)),
+        ]
+    names = [n for n, _ in contenders]
+    rates = alternate(contenders, args.reps)
+
+    print("\nenv steps/s, learning phase (median over reps)")
+    print_table(["contender", "env steps/s", "min", "max"],
+                [[n, statistics.median(rates[n]), min(rates[n]), max(rates[n])] for n in names])
+    ratios = {
+        "aa-ray Ray / SB3": median_ratio(rates, names[0], names[1]),
+        "aa-ray Ray / aa-ray no-Ray": median_ratio(rates, names[0], names[2]),
+        "aa-ray no-Ray / SB3": median_ratio(rates, names[2], names[1]),
+    }
+    if not args.skip_train_every_1:
+        ratios.update({
+            "aa-ray Ray te=1 / SB3": median_ratio(rates, names[3], names[1]),
+            f"aa-ray Ray te=1 / te={te}": median_ratio(rates, names[3], names[0]),
+            f"aa-ray no-Ray te=1 / te={te}": median_ratio(rates, names[4], names[2]),
+            "aa-ray Ray te=1 / no-Ray te=1": median_ratio(rates, names[3], names[4]),
+        })
+    print("\nratios (median of per-rep ratios)")
+    print_table(["ratio", "value"], [[k, v] for k, v in ratios.items()])
+    write_json(args.json, {
+        "bench": "end_to_end", "machine": info, "command": command_line(), "rates": rates, "ratios": ratios,
+        "budget": args.budget, "warm_up": args.warm_up, "train_every": te,
+    })
+
+
+if __name__ == "__main__":
+    main()
