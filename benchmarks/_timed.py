@@ -9,25 +9,38 @@ warm-up (random-action) phase, the final checkpoint and the teardown are outside
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import ray
+from ray._private import ray_constants
 
-from aa_ray.runtime.trainer import Trainer
+from aa_ray.runtime.trainer import Trainer, TrainingError
 from aa_ray.spec.experiment import ExperimentSpec
 
 
-def start_ray(spec: ExperimentSpec) -> None:
+def start_ray(spec: ExperimentSpec, worker_niceness: int | None = None) -> None:
     """What `aa_ray.runtime.cluster.connect` does for an embedded Ray, done ahead of the Trainer
-    (which then reuses it: `connect` returns False when Ray is already initialised)."""
+    (which then reuses it: `connect` returns False when Ray is already initialised).
+
+    Ray starts its worker processes (so aa-ray's actors) at nice 15 by default; the benchmark's
+    in-process contenders run at this process's niceness (normally 0). `worker_niceness` sets
+    RAY_worker_niceness for a sensitivity check; None keeps Ray's default, as `aa-ray run` has it."""
     if ray.is_initialized():
         return
+    if worker_niceness is not None:
+        os.environ[ray_constants.RAY_WORKER_NICENESS] = str(worker_niceness)  # "RAY_worker_niceness"
     needed = sum(bundle.get("CPU", 0) for bundle in spec.bundles())
     ray.init(
+        # "local": always a fresh instance of our own. With address=None, ray.init joins the
+        # cluster named in /tmp/ray/ray_current_cluster when a `ray start` one is up on the machine.
+        address="local",
         num_cpus=max(math.ceil(needed), os.cpu_count() or 1),
         include_dashboard=False,
         runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}},
@@ -35,15 +48,29 @@ def start_ray(spec: ExperimentSpec) -> None:
     )
 
 
+def actor_niceness() -> int:
+    """The niceness Ray gives worker processes here (asked of a throwaway actor)."""
+
+    @ray.remote(num_cpus=0)
+    def nice() -> int:
+        return os.nice(0)
+
+    return ray.get(nice.remote())
+
+
 class TimedTrainer(Trainer):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.stamps: list[tuple[float, int]] = []  # (perf_counter after the iteration, env steps)
         self.eval_spans: list[tuple[float, float]] = []
+        self.log_spans: list[tuple[float, float]] = []  # time inside the tracker (MLflow) calls
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
+        start = time.perf_counter()
         super()._log(metrics, step)  # MLflow (when tracking) is part of the iteration's time
-        self.stamps.append((time.perf_counter(), step))
+        end = time.perf_counter()
+        self.log_spans.append((start, end))
+        self.stamps.append((end, step))
 
     def _evaluate(self) -> dict[str, float]:
         start = time.perf_counter()
@@ -53,11 +80,14 @@ class TimedTrainer(Trainer):
             self.eval_spans.append((start, time.perf_counter()))
 
     def learning_rate(self) -> dict[str, float]:
-        return learning_phase(self.stamps, self.spec.algo.warm_up_steps, self.eval_spans)
+        rate = learning_phase(self.stamps, self.spec.algo.warm_up_steps, self.eval_spans)
+        t0 = next(t for t, s in self.stamps if s >= self.spec.algo.warm_up_steps)
+        rate["log_s"] = sum(e - b for b, e in self.log_spans if b >= t0)  # the driver's logging, in the window
+        return rate
 
 
-def learning_phase(stamps: list[tuple[float, int]], warm_up: int,
-                   excluded: list[tuple[float, float]] = ()) -> dict[str, float]:
+def learning_phase(stamps: Sequence[tuple[float, int]], warm_up: int,
+                   excluded: Sequence[tuple[float, float]] = ()) -> dict[str, float]:
     """env steps/s between the first stamp with steps >= warm_up and the last stamp, with the
     `excluded` (start, end) spans inside that window taken out."""
     t0, s0 = next((t, s) for t, s in stamps if s >= warm_up)
@@ -85,3 +115,25 @@ def trainer_overrides(budget: int, warm_up: int, train_every: int | None, output
     if train_every is not None:
         overrides.append(f"algo.train_every={train_every}")
     return overrides
+
+
+def run_timed(spec: ExperimentSpec, track: bool, quiet: bool = True, retries: int = 1) -> dict[str, float]:
+    """One Trainer.run(); returns the learning-phase rate and the whole run()'s wall time.
+    `quiet` hides the progress lines (they go to stderr). If the run fails because the local Ray
+    went away (e.g. something on the machine ran `ray stop`), Ray is restarted and the run repeated."""
+    for attempt in range(retries + 1):
+        trainer = TimedTrainer(spec, live=False, track=track)
+        start = time.perf_counter()
+        try:
+            with contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext():
+                trainer.run()
+        except TrainingError as err:
+            if attempt == retries:
+                raise
+            print(f"  ! run failed ({str(err).splitlines()[0]}); restarting Ray and repeating it", flush=True)
+            ray.shutdown()
+            start_ray(spec)
+            continue
+        total = time.perf_counter() - start
+        return {**trainer.learning_rate(), "run_wall_s": total}
+    raise AssertionError("unreachable")

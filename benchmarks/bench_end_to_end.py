@@ -28,6 +28,7 @@ Run:  .venv/bin/python benchmarks/bench_end_to_end.py [--reps 2] [--budget 3000]
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import tempfile
@@ -48,7 +49,7 @@ from _common import (  # noqa: E402
     print_table,
     write_json,
 )
-from _timed import TimedTrainer, learning_phase, start_ray, trainer_overrides  # noqa: E402
+from _timed import actor_niceness, learning_phase, run_timed, start_ray, trainer_overrides  # noqa: E402
 
 from aa_ray.runtime.env_runner import EnvRunner, env_dims  # noqa: E402
 from aa_ray.runtime.learner import Learner  # noqa: E402
@@ -56,10 +57,8 @@ from aa_ray.runtime.replay import ReplayBuffer  # noqa: E402
 from aa_ray.spec.loader import load_spec  # noqa: E402
 
 
-def run_aa_ray(spec) -> float:
-    trainer = TimedTrainer(spec, live=False, track=False)
-    trainer.run()
-    return trainer.learning_rate()["steps_per_s"]
+def run_aa_ray(spec, quiet: bool) -> float:
+    return run_timed(spec, track=False, quiet=quiet)["steps_per_s"]
 
 
 def run_no_ray(spec) -> float:
@@ -120,6 +119,9 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=3000, help="env steps per run")
     parser.add_argument("--warm-up", type=int, default=1000, help="random-action steps before learning")
     parser.add_argument("--skip-train-every-1", action="store_true", help="only the spec's train_every")
+    parser.add_argument("--ray-worker-niceness", type=int, default=None,
+                        help="set RAY_worker_niceness (Ray's default is 15) for a sensitivity check")
+    parser.add_argument("--verbose", action="store_true", help="show the Trainer's progress lines")
     args = parser.parse_args()
     torch.set_num_threads(1)
     info = machine_info()
@@ -129,18 +131,21 @@ def main() -> None:
     spec = load_spec(SPECS / "sac_pendulum.yaml", trainer_overrides(args.budget, args.warm_up, None, out))
     spec_te1 = load_spec(SPECS / "sac_pendulum.yaml", trainer_overrides(args.budget, args.warm_up, 1, out))
     te = spec.algo.train_every
-    start_ray(spec)
+    start_ray(spec, args.ray_worker_niceness)
+    info["ray_actor_niceness"] = actor_niceness()
+    quiet = not args.verbose
     print(f"# Pendulum-v1, budget {args.budget}, warm-up {args.warm_up}, UTD 1, batch 256, 256x256, "
           f"spec train_every {te}, {args.reps} reps; rates = env steps/s in the learning phase")
+    print(f"# Ray actors run at nice {info['ray_actor_niceness']}, this process (SB3, no-Ray) at nice {os.nice(0)}")
 
     contenders = [
-        (f"aa-ray Ray (train_every={te})", lambda: run_aa_ray(spec)),
+        (f"aa-ray Ray (train_every={te})", lambda: run_aa_ray(spec, quiet)),
         ("SB3 SAC", lambda: run_sb3(args.budget, args.warm_up)),
         (f"aa-ray no-Ray (train_every={te})", lambda: run_no_ray(spec)),
     ]
     if not args.skip_train_every_1:
         contenders += [
-            ("aa-ray Ray (train_every=1)", lambda: run_aa_ray(spec_te1)),
+            ("aa-ray Ray (train_every=1)", lambda: run_aa_ray(spec_te1, quiet)),
             ("aa-ray no-Ray (train_every=1)", lambda: run_no_ray(spec_te1)),
         ]
     names = [n for n, _ in contenders]

@@ -119,3 +119,59 @@ def test_asking_for_a_gpu_the_cluster_lacks_fails_fast_naming_it() -> None:
     result = aa_ray("run", str(SPECS / "sac_pendulum.yaml"), "--set", "learners.gpus_per_learner=1", "--no-track")
     assert result.returncode == 1
     assert "needs 1 GPU" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_ray_address_joins_an_existing_cluster(tmp_path: Path) -> None:
+    """With RAY_ADDRESS set the run joins that cluster (token authentication on) instead of
+    starting its own, and leaves the cluster running."""
+    ray_bin = Path(sys.executable).parent / "ray"
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    port = "6391"
+    start = subprocess.run(
+        [
+            str(ray_bin),
+            "start",
+            "--head",
+            "--port",
+            port,
+            "--num-cpus",
+            "4",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert start.returncode == 0, start.stderr[-2000:]
+    try:
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "aa_ray.cli",
+                "run",
+                str(SPECS / "sac_pendulum.yaml"),
+                "--no-track",
+                "--plain",
+                "--set",
+                "budget.env_steps=1200",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**env, "RAY_ADDRESS": f"127.0.0.1:{port}"},
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert f"127.0.0.1:{port}" in run.stderr  # connected to the existing cluster
+        status = subprocess.run(
+            [str(ray_bin), "status", "--address", f"127.0.0.1:{port}"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert status.returncode == 0  # still up after the run
+    finally:
+        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, env=env, timeout=120)
