@@ -44,6 +44,13 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(err))
 
     if args.command == "validate":
+        from aa_ray.runtime.env_runner import env_dims
+
+        try:
+            obs_dim, act_dim = env_dims(spec)
+        except SpecError as err:
+            return _fail(str(err))
+        print(f"# env {spec.env.id}: obs_dim {obs_dim}, act_dim {act_dim}")
         print(f"# spec hash {spec_hash(spec)}\n# placement-group bundles: {spec.bundles()}")
         print(spec_yaml(spec), end="")
         return 0
@@ -63,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     trainer = Trainer(spec, resume=resume, track=False if args.no_track else None, live=False if args.plain else None)
     try:
         result = trainer.run()
+    except SpecError as err:
+        return _fail(str(err))
     except (ResourceError, TrainingError) as err:
         hint = f" Last checkpoint: {trainer.last_checkpoint}." if trainer.last_checkpoint else ""
         return _fail(f"{err}{hint}", code=1)

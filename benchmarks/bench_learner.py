@@ -15,7 +15,9 @@ actor, one Adam per part; torch.set_num_threads(1) in this process for both.
 
 Also measured, to separate compute from data handling: both sides on one pre-made batch reused
 ("update only"): ours calls `Learner.algo.update` directly, one fleet step's slice at a time
-(what `Learner.update` does after `Batch.from_numpy`).
+(what `Learner.update` does after `Batch.from_numpy`). And the reference with
+`torch.optim.Adam(fused=True)` (update only): torch's default Adam on the CPU is the per-parameter
+for-loop implementation, while aa-ray's SAC asks for the fused one.
 
 Run:  .venv/bin/python benchmarks/bench_learner.py [--reps 5] [--updates 320] [--profile]
 """
@@ -85,7 +87,7 @@ class RefActor(nn.Module):
 class ReferenceSAC:
     """Buffer + networks + update, as one would write them in a single script."""
 
-    def __init__(self, obs_dim: int, act_dim: int, data: dict[str, np.ndarray], seed: int = 0):
+    def __init__(self, obs_dim: int, act_dim: int, data: dict[str, np.ndarray], seed: int = 0, fused: bool = False):
         torch.manual_seed(seed)
         self.gamma, self.tau = 0.99, 0.005
         self.actor = RefActor(obs_dim, act_dim)
@@ -95,10 +97,12 @@ class ReferenceSAC:
         self.q2_target.load_state_dict(self.q2.state_dict())
         self.q_params = [*self.q1.parameters(), *self.q2.parameters()]
         self.target_params = [*self.q1_target.parameters(), *self.q2_target.parameters()]
-        self.q_opt = torch.optim.Adam(self.q_params, lr=1e-3)
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=3e-4)
+        # fused=None is torch's default, which on the CPU is the per-parameter (for-loop) Adam
+        fused = fused or None
+        self.q_opt = torch.optim.Adam(self.q_params, lr=1e-3, fused=fused)
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=3e-4, fused=fused)
         self.log_alpha = torch.zeros(1, requires_grad=True)
-        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=1e-3)
+        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=1e-3, fused=fused)
         self.alpha = self.log_alpha.exp().item()
         self.target_entropy = -float(act_dim)
         # replay: plain numpy arrays, filled already
@@ -169,7 +173,9 @@ def make_contenders(obs_dim: int, act_dim: int, updates: int):
     n_updates = calls * per_call
     learner = Learner(spec, obs_dim, act_dim)
     replay = random_replay(obs_dim, act_dim)
-    ref = ReferenceSAC(obs_dim, act_dim, {k: v[: replay.size] for k, v in replay.storage.items()})
+    data = {k: v[: replay.size] for k, v in replay.storage.items()}
+    ref = ReferenceSAC(obs_dim, act_dim, data)
+    ref_fused = ReferenceSAC(obs_dim, act_dim, data, fused=True)
     torch.set_num_threads(1)  # Learner sets it from the spec (1); make the intent explicit
 
     fixed = Batch.from_numpy(replay.sample(per_call, BATCH), learner.device)
@@ -203,9 +209,16 @@ def make_contenders(obs_dim: int, act_dim: int, updates: int):
             ref.update(*fixed_ref)
         return n_updates / (time.perf_counter() - start)
 
+    def reference_fused_compute() -> float:
+        start = time.perf_counter()
+        for _ in range(n_updates):
+            ref_fused.update(*fixed_ref)
+        return n_updates / (time.perf_counter() - start)
+
     contenders = [
         ("ours", ours), ("reference", reference),
         ("ours (update only)", ours_compute), ("reference (update only)", reference_compute),
+        ("ref fused Adam (update only)", reference_fused_compute),
     ]
     return contenders, learner, ref, fixed_steps, fixed_ref, per_call, n_updates
 
@@ -248,16 +261,19 @@ def main() -> None:
         rates = alternate(contenders, args.reps)
         ratio = median_ratio(rates, "ours", "reference")
         ratio_compute = median_ratio(rates, "ours (update only)", "reference (update only)")
+        ratio_fused = median_ratio(rates, "ours (update only)", "ref fused Adam (update only)")
         med = {k: float(np.median(v)) for k, v in rates.items()}
         rows.append([label, med["ours"], med["reference"], ratio, med["ours (update only)"],
-                     med["reference (update only)"], ratio_compute])
-        results[label] = {"rates": rates, "median": med, "ratio": ratio, "ratio_update_only": ratio_compute}
+                     med["reference (update only)"], ratio_compute, med["ref fused Adam (update only)"], ratio_fused])
+        results[label] = {"rates": rates, "median": med, "ratio": ratio, "ratio_update_only": ratio_compute,
+                          "ratio_update_only_vs_fused_ref": ratio_fused}
         if args.profile:
             profile(learner, ref, steps, ref_batch, per_call)
 
     print("\nupdates/s (median over reps); ratio = median of per-rep ours/reference")
     print_table(
-        ["dims obs/act", "ours upd/s", "ref upd/s", "ours/ref", "ours upd-only", "ref upd-only", "ours/ref upd-only"],
+        ["dims obs/act", "ours upd/s", "ref upd/s", "ours/ref", "ours upd-only", "ref upd-only", "ours/ref upd-only",
+         "ref-fused upd-only", "ours/ref-fused upd-only"],
         rows,
     )
     write_json(args.json, {"bench": "learner", "machine": info, "command": command_line(), "results": results})

@@ -132,3 +132,11 @@ def test_cli_missing_file_is_one_clear_line(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "does not exist" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_env_that_cannot_be_made_stops_before_ray(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    code = main(["run", str(write(tmp_path, MINIMAL)), "--set", "env.kwargs.no_such_option=1"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "env.kwargs" in err and "no_such_option" in err and "Traceback" not in err
+    assert not ray.is_initialized()

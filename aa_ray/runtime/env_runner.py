@@ -10,6 +10,7 @@ import torch
 
 from aa_ray.algos import build_policy
 from aa_ray.spec.experiment import ExperimentSpec
+from aa_ray.spec.loader import SpecError
 
 
 def make_vector_env(spec: ExperimentSpec, num_envs: int) -> gym.vector.VectorEnv:
@@ -23,18 +24,28 @@ def make_vector_env(spec: ExperimentSpec, num_envs: int) -> gym.vector.VectorEnv
 
 
 def env_dims(spec: ExperimentSpec) -> tuple[int, int]:
-    """(obs_dim, act_dim) of the spec's env, checked to be flat Box spaces."""
-    envs = make_vector_env(spec, 1)
+    """(obs_dim, act_dim) of the spec's env, checked to be flat Box spaces. Builds the env once,
+    so a spec whose env cannot be made fails here, before any actor starts."""
+    try:
+        envs = make_vector_env(spec, 1)
+    except Exception as err:  # gymnasium raises whatever the env constructor raises
+        raise SpecError(
+            f"env: could not make {spec.env.id!r} with kwargs {spec.env.kwargs} "
+            f"({type(err).__name__}: {err}); check env.id and env.kwargs."
+        ) from None
     try:
         obs_space, act_space = envs.single_observation_space, envs.single_action_space
     finally:
         envs.close()
+    problem = None
     if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1):
-        raise ValueError(f"env {spec.env.id}: observations must be a flat Box, got {obs_space}")
-    if not (isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1):
-        raise ValueError(f"env {spec.env.id}: actions must be a flat continuous Box, got {act_space}")
-    if not (np.all(np.isfinite(act_space.low)) and np.all(np.isfinite(act_space.high))):
-        raise ValueError(f"env {spec.env.id}: action bounds must be finite, got {act_space}")
+        problem = f"observations must be a flat Box, got {obs_space}"
+    elif not (isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1):
+        problem = f"actions must be a flat continuous Box, got {act_space}"
+    elif not (np.all(np.isfinite(act_space.low)) and np.all(np.isfinite(act_space.high))):
+        problem = f"action bounds must be finite, got {act_space}"
+    if problem:
+        raise SpecError(f"env.id: {spec.env.id} cannot be used with these algorithms: {problem}.")
     return obs_space.shape[0], act_space.shape[0]
 
 

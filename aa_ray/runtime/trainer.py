@@ -85,9 +85,8 @@ class Trainer:
         return self.spec.checkpoint.every_env_steps or self.spec.budget.env_steps + 1
 
     # ---- building the actor graph -------------------------------------------------------------
-    def _build(self) -> None:
+    def _build(self, obs_dim: int, act_dim: int) -> None:
         spec = self.spec
-        obs_dim, act_dim = env_dims(spec)
         self.group = cluster.reserve(spec)
         num_learners, num_runners = spec.learners.num_learners, spec.runners.num_runners
         learner_cls = ray.remote(Learner)
@@ -130,10 +129,11 @@ class Trainer:
 
     # ---- the loop ----------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        obs_dim, act_dim = env_dims(self.spec)  # a spec whose env cannot be made stops here
         started_ray = cluster.connect(self.spec)
         status = "FAILED"
         try:
-            self._build()
+            self._build(obs_dim, act_dim)
             if self.resume is not None:
                 self._restore(self.resume)
             self._publish_weights()
