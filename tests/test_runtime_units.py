@@ -74,6 +74,22 @@ def test_truncated_is_not_terminated() -> None:
     assert not transitions["terminated"].any()
 
 
+def test_n_step_windows_stop_at_a_terminal() -> None:
+    """3-step returns with gamma 0.5 on an episode that terminates after 4 steps (rewards 1 each):
+    starts 0 and 1 see 3 rewards and bootstrap from s3 / s4 (s4 terminal); starts 2 and 3 are cut
+    by the terminal: 1 + 0.5 and 1, both terminal."""
+    spec = counting_spec(4, **{"algo.n_step": 3, "algo.gamma": 0.5, "runners.envs_per_runner": 1})
+    runner = EnvRunner(spec, index=0)
+    first, _ = runner.sample(num_steps=2, random_actions=True)
+    assert len(first["reward"]) == 0  # no window is complete yet
+    t, _ = runner.sample(num_steps=4, random_actions=True)  # steps 3-4, the reset step, step 1 of the next
+    assert t["obs"][:, 0].tolist() == [0, 1, 2, 3]
+    assert t["next_obs"][:, 0].tolist() == [3, 4, 4, 4]
+    assert t["reward"].tolist() == [1.75, 1.75, 1.5, 1.0]
+    assert t["discount"].tolist() == [0.125, 0.125, 0.25, 0.5]
+    assert t["terminated"].tolist() == [0, 1, 1, 1]
+
+
 def test_only_a_terminal_masks_the_bootstrap() -> None:
     """SAC's TD target: r for a terminal transition, r + gamma * soft V(s') for a truncated one."""
     learner = Learner(counting_spec(terminate_at=3), obs_dim=1, act_dim=1)
@@ -84,6 +100,7 @@ def test_only_a_terminal_masks_the_bootstrap() -> None:
         "next_obs": np.ones((1, 1, 1), np.float32),
         "terminated": np.ones((1, 1), np.float32),
         "truncated": np.zeros((1, 1), np.float32),
+        "discount": np.full((1, 1), 0.99, np.float32),
     }
     algo = learner.algo
     terminal = algo.update_critic(Batch.from_numpy(one, learner.device).at(0), diagnostics=True)
@@ -102,6 +119,7 @@ def make_chunk(start: int, n: int) -> dict[str, np.ndarray]:
         "next_obs": np.stack([ids + 1, ids], 1),
         "terminated": (ids % 7 == 0).astype(np.float32),
         "truncated": np.zeros(n, np.float32),
+        "discount": np.full(n, 0.99, np.float32),
     }
 
 

@@ -18,6 +18,7 @@ class Batch(NamedTuple):
     reward: Tensor
     next_obs: Tensor
     terminated: Tensor
+    discount: Tensor  # gamma^k for a k-step transition
 
     @classmethod
     def from_numpy(cls, arrays: Mapping[str, np.ndarray], device: torch.device) -> Batch:

@@ -26,6 +26,7 @@ from aa_ray.spec.base import SpecModel
 class SACConfig(SpecModel):
     name: Literal["sac"] = "sac"
     gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
+    n_step: PositiveInt = Field(1, description="n-step returns (1 = one-step TD)")
     tau: float = Field(0.005, gt=0, le=1, description="polyak rate of the target critics")
     batch_size: PositiveInt = Field(256, description="transitions per gradient step")
     buffer_size: PositiveInt = Field(1_000_000, description="replay capacity in transitions")
@@ -74,7 +75,7 @@ class SAC:
         with torch.no_grad():
             next_action, next_log_prob = self.policy(b.next_obs)
             min_next_q = self.critic_target(next_obs, next_action).min(dim=0).values
-            next_q_value = b.reward + self.cfg.gamma * (1.0 - b.terminated) * (min_next_q - alpha * next_log_prob)
+            next_q_value = b.reward + b.discount * (1.0 - b.terminated) * (min_next_q - alpha * next_log_prob)
         q = self.critic(obs, b.action)  # (2, batch)
         q_loss = (q - next_q_value).pow(2).mean(dim=1).sum()
 

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from aa_ray.algos import build_policy
+from aa_ray.runtime.nstep import NStepWindow
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import SpecError
 
@@ -99,6 +100,8 @@ class EnvRunner:
         self.obs, _ = self.envs.reset(seed=[first_env_seed + i for i in range(self.num_envs)])
         self.autoreset = np.zeros(self.num_envs, dtype=bool)
         self.episodes = EpisodeTracker(self.num_envs)
+        self.gamma = spec.algo.gamma
+        self.nstep = NStepWindow(self.num_envs, spec.algo.n_step, self.gamma) if spec.algo.n_step > 1 else None
         self.eval_envs: gym.vector.VectorEnv | None = None
 
     def set_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
@@ -137,7 +140,7 @@ class EnvRunner:
             self.autoreset = done
             self.obs = next_obs
 
-        transitions = {k: v[valid] for k, v in buf.items()}
+        transitions = self._transitions(buf, valid)
         obs = transitions["obs"].astype(np.float64)
         stats = {
             "env_steps": int(valid.sum()),
@@ -146,6 +149,24 @@ class EnvRunner:
             "obs_moments": (len(obs), obs.mean(0) if len(obs) else None, obs.var(0) if len(obs) else None),
         }
         return transitions, stats
+
+    def _transitions(self, buf: dict[str, np.ndarray], valid: np.ndarray) -> dict[str, np.ndarray]:
+        """Stored transitions: every real step (1-step), or the n-step windows completed so far."""
+        if self.nstep is None:
+            transitions = {k: v[valid] for k, v in buf.items()}
+            transitions["discount"] = np.full(len(transitions["reward"]), self.gamma, np.float32)
+            return transitions
+        rows = []
+        for t, i in zip(*np.nonzero(valid), strict=True):  # time-major, so each env's steps stay in order
+            rows += self.nstep.push(
+                i, buf["obs"][t, i], buf["action"][t, i], float(buf["reward"][t, i]), buf["next_obs"][t, i],
+                bool(buf["terminated"][t, i]), bool(buf["truncated"][t, i]),
+            )
+        names = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "discount")
+        if not rows:
+            return {k: v[:0] for k, v in buf.items()} | {"discount": np.zeros(0, np.float32)}
+        columns = zip(*rows, strict=True)
+        return {name: np.asarray(column, np.float32) for name, column in zip(names, columns, strict=True)}
 
     def evaluate(self, num_episodes: int) -> dict[str, float]:
         """Run `num_episodes` deterministic episodes on separate envs with fixed seeds, so every

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "discount")
 
 
 class ReplayBuffer:
@@ -29,6 +29,7 @@ class ReplayBuffer:
             "next_obs": np.zeros((capacity, obs_dim), np.float32),
             "terminated": np.zeros(capacity, np.float32),
             "truncated": np.zeros(capacity, np.float32),
+            "discount": np.zeros(capacity, np.float32),  # gamma^k of the stored k-step transition
         }
         self.cursor = 0  # next write position
         self.size = 0
