@@ -155,7 +155,9 @@ def test_checkpoint_round_trip_restores_parameters_and_optimizers(tmp_path: Path
     replay = ReplayBuffer(100, 1, 1, seed=0)
     runner = EnvRunner(spec, 0)
     replay.add(runner.sample(20, random_actions=True)[0])
-    learner.update(replay.sample(4 * spec.algo.utd_ratio, 8), [(5, np.ones(1), np.ones(1))])
+    learner.update(
+        replay.sample(4 * spec.algo.utd_ratio, 8), [{"obs": (5, np.ones(1), np.ones(1)), "return": (5, 1.0, 2.0, 3.0)}]
+    )
 
     save_checkpoint(tmp_path / "ckpt", spec, {"learner": learner.state_dict()})
     payload = load_checkpoint(tmp_path / "ckpt")
@@ -163,15 +165,16 @@ def test_checkpoint_round_trip_restores_parameters_and_optimizers(tmp_path: Path
     restored = Learner(spec, obs_dim=1, act_dim=1)
     restored.load_state_dict(payload["learner"])
 
-    for name in ("policy", "critic", "critic_target"):
+    for name in ("policy", "critic", "critic_target", "reward_norm"):
         for (k, a), (_, b) in zip(
             getattr(learner.algo, name).state_dict().items(),
             getattr(restored.algo, name).state_dict().items(),
             strict=True,
         ):
             assert torch.equal(a, b), f"{name}.{k}"
-    for name in ("actor_optimizer", "critic_optimizer", "alpha_optimizer"):
-        saved, loaded = getattr(learner.algo, name).state_dict(), getattr(restored.algo, name).state_dict()
+    for name in ("actor_step", "critic_step", "alpha_step"):
+        saved = getattr(learner.algo, name).optimizer.state_dict()
+        loaded = getattr(restored.algo, name).optimizer.state_dict()
         for key, slot in saved["state"].items():
             for field, value in slot.items():
                 assert torch.equal(torch.as_tensor(value), torch.as_tensor(loaded["state"][key][field])), (name, field)

@@ -1,11 +1,15 @@
-"""Soft Actor-Critic with twin critics and an automatically tuned temperature.
+"""Soft Actor-Critic with twin critics and an automatically tuned temperature; optional BAC/BEE.
 
 References: Haarnoja et al. 2018, "Soft Actor-Critic" (arXiv 1801.01290) and "Soft Actor-Critic
 Algorithms and Applications" (arXiv 1812.05905) for the temperature loss; CleanRL's
-`sac_continuous_action.py` for the single-file shape. Deliberate choices:
+`sac_continuous_action.py` for the single-file shape; Ji et al. 2024, "Seizing Serendipity:
+Exploiting the Value of Past Success in Off-Policy Actor-Critic" (BAC, the BEE operator).
+Deliberate choices:
 - the two critics are one batched ensemble (one matmul per layer for both);
 - the actor and temperature update once per fleet step on the last batch of the stack, the
-  critics `utd_ratio` times (see README, "UTD ratio").
+  critics `utd_ratio` times (see README, "UTD ratio");
+- BEE (`bee_lambda > 0`) mixes an exploitation target r + gamma V(s'), where V is an expectile of
+  replayed actions' values, into the usual soft target.
 """
 
 from __future__ import annotations
@@ -15,32 +19,40 @@ import math
 from typing import Literal
 
 import torch
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
-from aa_ray.algos.common import Batch, grad_norm, polyak_update_, tensors_to_cpu
-from aa_ray.nets.mlp import EnsembleQ, MLPActor
+from aa_ray.algos.common import Batch, polyak_update_, tensors_to_cpu
+from aa_ray.algos.knobs import (
+    GradientStep,
+    OffPolicyConfig,
+    RewardNormalizer,
+    autocast,
+    expectile_loss,
+    make_optimizer,
+    td_loss,
+)
+from aa_ray.nets.mlp import EnsembleQ, MLPActor, MLPValue
 from aa_ray.nets.policy import SquashedGaussianPolicy
-from aa_ray.spec.base import SpecModel
 
 
-class SACConfig(SpecModel):
+class SACConfig(OffPolicyConfig):
     name: Literal["sac"] = "sac"
-    gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
-    n_step: PositiveInt = Field(1, description="n-step returns (1 = one-step TD)")
-    tau: float = Field(0.005, gt=0, le=1, description="polyak rate of the target critics")
-    batch_size: PositiveInt = Field(256, description="transitions per gradient step")
-    buffer_size: PositiveInt = Field(1_000_000, description="replay capacity in transitions")
-    warm_up_steps: NonNegativeInt = Field(5000, description="uniform random actions until this many are stored")
-    train_every: PositiveInt = Field(32, description="fleet steps collected between learner iterations")
-    utd_ratio: PositiveInt = Field(1, description="critic updates per fleet step")
-    actor_lr: PositiveFloat = Field(3e-4, description="actor Adam learning rate")
-    critic_lr: PositiveFloat = Field(1e-3, description="critic Adam learning rate")
-    alpha_lr: PositiveFloat = Field(1e-3, description="temperature Adam learning rate")
+    actor_lr: PositiveFloat = Field(3e-4, description="actor learning rate")
+    critic_lr: PositiveFloat = Field(1e-3, description="critic (and V) learning rate")
+    alpha_lr: PositiveFloat = Field(1e-3, description="temperature learning rate")
     init_alpha: PositiveFloat = Field(1.0, description="initial temperature")
     autotune_alpha: bool = Field(True, description="learn the temperature toward target_entropy")
     target_entropy: float | None = Field(None, description="null means -|A|")
     hidden_dims: list[PositiveInt] = Field([256, 256], min_length=1, description="MLP widths")
-    normalize_obs: bool = Field(False, description="running mean/std observation normalization")
+    learn_v: bool = Field(False, description="BAC: learn V(s) by expectile regression on replayed actions")
+    v_quantile: float = Field(0.7, gt=0, lt=1, description="BAC: expectile of V (> 0.5 is optimistic)")
+    bee_lambda: float = Field(0.0, ge=0, le=1, description="BEE: weight of the exploitation target (0 = SAC)")
+
+    @model_validator(mode="after")
+    def _bee_needs_v(self) -> SACConfig:
+        if self.bee_lambda > 0 and not self.learn_v:
+            raise ValueError("bee_lambda > 0 needs learn_v: true (the exploitation target bootstraps from V)")
+        return self
 
 
 def make_policy(cfg: SACConfig, obs_dim: int, act_dim: int) -> SquashedGaussianPolicy:
@@ -49,16 +61,20 @@ def make_policy(cfg: SACConfig, obs_dim: int, act_dim: int) -> SquashedGaussianP
 
 class SAC:
     def __init__(self, cfg: SACConfig, obs_dim: int, act_dim: int, device: torch.device, planned_steps: int = 0):
-        self.cfg = cfg
+        self.cfg, self.device = cfg, device
         self.policy = make_policy(cfg, obs_dim, act_dim).to(device)
         self.critic = EnsembleQ(obs_dim, act_dim, cfg.hidden_dims, num_critics=2).to(device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.value = MLPValue(obs_dim, cfg.hidden_dims).to(device) if cfg.learn_v else None
         self.log_alpha = torch.tensor(math.log(cfg.init_alpha), device=device, requires_grad=True)
         self.target_entropy = -float(act_dim) if cfg.target_entropy is None else cfg.target_entropy
+        self.reward_norm = RewardNormalizer(cfg.normalize_reward).to(device)
 
-        self.actor_optimizer = torch.optim.Adam(self.policy.actor.parameters(), lr=cfg.actor_lr, fused=True)
-        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, fused=True)
-        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr, fused=True)
+        step = lambda optimizer: GradientStep(optimizer, cfg.max_grad_norm, cfg.precision, device)  # noqa: E731
+        self.actor_step = step(make_optimizer(self.policy.actor, cfg.optimizer, cfg.actor_lr))
+        self.critic_step = step(make_optimizer(self.critic, cfg.optimizer, cfg.critic_lr))
+        self.alpha_step = step(torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr))
+        self.value_step = step(make_optimizer(self.value, cfg.optimizer, cfg.critic_lr)) if self.value else None
 
     def update(self, batch: Batch, diagnostics: bool = False) -> dict[str, float]:
         """One fleet step's worth of learning: `len(batch)` critic steps, then actor and temperature."""
@@ -71,50 +87,67 @@ class SAC:
     def update_critic(self, b: Batch, diagnostics: bool) -> dict[str, float]:
         alpha = self.log_alpha.detach().exp()
         obs, next_obs = self.policy.obs_norm(b.obs), self.policy.obs_norm(b.next_obs)
-        # soft Bellman target from the slow critics, clipped double-Q; only a true terminal masks it
-        with torch.no_grad():
-            next_action, next_log_prob = self.policy(b.next_obs)
-            min_next_q = self.critic_target(next_obs, next_action).min(dim=0).values
-            next_q_value = b.reward + b.discount * (1.0 - b.terminated) * (min_next_q - alpha * next_log_prob)
-        q = self.critic(obs, b.action)  # (2, batch)
-        q_loss = (q - next_q_value).pow(2).mean(dim=1).sum()
-
-        self.critic_optimizer.zero_grad(set_to_none=True)
-        q_loss.backward()
-        norm = grad_norm(self.critic.parameters()) if diagnostics else 0.0
-        self.critic_optimizer.step()
+        reward = self.reward_norm(b.reward)
+        info = self.update_value(b, obs, alpha, diagnostics) if self.value is not None else {}
+        with autocast(self.device, self.cfg.precision):
+            # soft Bellman target from the slow critics, clipped double-Q; only a true terminal masks it
+            with torch.no_grad():
+                next_action, next_log_prob = self.policy(b.next_obs)
+                min_next_q = self.critic_target(next_obs, next_action).min(dim=0).values
+                bootstrap = b.discount * (1.0 - b.terminated)
+                next_q_value = reward + bootstrap * (min_next_q - alpha * next_log_prob).float()
+                if self.value is not None:  # BEE: lambda * exploitation + (1 - lambda) * exploration
+                    exploit_target = reward + bootstrap * self.value(next_obs).float()
+                    next_q_value = self.cfg.bee_lambda * exploit_target + (1 - self.cfg.bee_lambda) * next_q_value
+            q = self.critic(obs, b.action)  # (2, batch)
+        q_loss = td_loss(q, next_q_value, self.cfg.critic_loss, self.cfg.huber_delta)
+        norm = self.critic_step(q_loss, measure=diagnostics)
         polyak_update_(self.critic, self.critic_target, self.cfg.tau)
 
         if not diagnostics:
             return {}
-        return {
+        return info | {
             "critic/q_loss": q_loss.item() / 2,
-            "critic/q_value": q.mean().item(),
-            "critic/q_max": q.max().item(),
+            "critic/q_value": q.float().mean().item(),
+            "critic/q_max": q.float().max().item(),
             "critic/td_target": next_q_value.mean().item(),
             "critic/grad_norm": norm,
+            "critic/reward_scale": self.reward_norm.scale(),
+        }
+
+    def update_value(self, b: Batch, obs: torch.Tensor, alpha: torch.Tensor, diagnostics: bool) -> dict[str, float]:
+        """BAC: V(s) is an upper expectile of min Q_target(s, a_replay) - alpha log pi(a~|s): the value of
+        the best actions the buffer has seen, not of the current policy's."""
+        with autocast(self.device, self.cfg.precision):
+            with torch.no_grad():
+                _, log_prob = self.policy(b.obs)
+                target = self.critic_target(obs, b.action).min(dim=0).values - alpha * log_prob
+            v = self.value(obs)
+        v_loss = expectile_loss(v.float(), target.float(), self.cfg.v_quantile)
+        norm = self.value_step(v_loss, measure=diagnostics)
+        if not diagnostics:
+            return {}
+        return {
+            "critic/v_loss": v_loss.item(),
+            "critic/q_upper": v.float().mean().item(),
+            "critic/v_grad_norm": norm,
         }
 
     def update_actor_and_alpha(self, b: Batch, diagnostics: bool) -> dict[str, float]:
         alpha = self.log_alpha.detach().exp()
-        action, log_prob = self.policy(b.obs)
-        # the critics only score the action here; skipping their weight gradients saves a third of backward
-        self.critic.requires_grad_(False)
-        min_q = self.critic(self.policy.obs_norm(b.obs), action).min(dim=0).values
-        self.critic.requires_grad_(True)
-        actor_loss = (alpha * log_prob - min_q).mean()
-
-        self.actor_optimizer.zero_grad(set_to_none=True)
-        actor_loss.backward()
-        norm = grad_norm(self.policy.actor.parameters()) if diagnostics else 0.0
-        self.actor_optimizer.step()
+        with autocast(self.device, self.cfg.precision):
+            action, log_prob = self.policy(b.obs)
+            # the critics only score the action here; skipping their weight gradients saves a third of backward
+            self.critic.requires_grad_(False)
+            min_q = self.critic(self.policy.obs_norm(b.obs), action).min(dim=0).values
+            self.critic.requires_grad_(True)
+        actor_loss = (alpha * log_prob.float() - min_q.float()).mean()
+        norm = self.actor_step(actor_loss, measure=diagnostics)
 
         # temperature: raise alpha when the policy's entropy is below the target, lower it above
-        alpha_loss = -(self.log_alpha.exp() * (log_prob.detach() + self.target_entropy)).mean()
+        alpha_loss = -(self.log_alpha.exp() * (log_prob.detach().float() + self.target_entropy)).mean()
         if self.cfg.autotune_alpha:
-            self.alpha_optimizer.zero_grad(set_to_none=True)
-            alpha_loss.backward()
-            self.alpha_optimizer.step()
+            self.alpha_step(alpha_loss)
 
         if not diagnostics:
             return {}
@@ -122,30 +155,29 @@ class SAC:
             "actor/loss": actor_loss.item(),
             "actor/alpha": alpha.item(),
             "actor/alpha_loss": alpha_loss.item(),
-            "actor/entropy": -log_prob.mean().item(),
+            "actor/entropy": -log_prob.float().mean().item(),
             "actor/grad_norm": norm,
         }
 
     def policy_state(self) -> dict[str, torch.Tensor]:
         return tensors_to_cpu(self.policy.state_dict())
 
-    def state_dict(self) -> dict:
-        return {
-            "policy": self.policy.state_dict(),
-            "critic": self.critic.state_dict(),
-            "critic_target": self.critic_target.state_dict(),
-            "log_alpha": self.log_alpha.detach(),
-            "actor_optimizer": self.actor_optimizer.state_dict(),
-            "critic_optimizer": self.critic_optimizer.state_dict(),
-            "alpha_optimizer": self.alpha_optimizer.state_dict(),
+    def _parts(self) -> dict:
+        parts = {
+            "policy": self.policy, "critic": self.critic, "critic_target": self.critic_target,
+            "reward_norm": self.reward_norm, "actor_step": self.actor_step, "critic_step": self.critic_step,
+            "alpha_step": self.alpha_step,
         }
+        if self.value is not None:
+            parts |= {"value": self.value, "value_step": self.value_step}
+        return parts
+
+    def state_dict(self) -> dict:
+        state = {name: part.state_dict() for name, part in self._parts().items()}
+        return state | {"log_alpha": self.log_alpha.detach()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.policy.load_state_dict(state["policy"])
-        self.critic.load_state_dict(state["critic"])
-        self.critic_target.load_state_dict(state["critic_target"])
+        for name, part in self._parts().items():
+            part.load_state_dict(state[name])
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
-        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
-        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
-        self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])

@@ -11,21 +11,24 @@ from torch import Tensor, nn
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
 
+def mlp(in_dim: int, hidden_dims: Sequence[int], out_dim: int) -> nn.Sequential:
+    """Linear-ReLU layers of the given widths, then a linear output layer."""
+    layers: list[nn.Module] = []
+    for width in hidden_dims:
+        layers += [nn.Linear(in_dim, width), nn.ReLU()]
+        in_dim = width
+    return nn.Sequential(*layers, nn.Linear(in_dim, out_dim))
+
+
 class MLPActor(nn.Module):
     """Gaussian head over a ReLU MLP: returns the pre-tanh mean and a bounded log-std."""
 
     def __init__(self, obs_dim: int, act_dim: int, hidden_dims: Sequence[int]):
         super().__init__()
-        layers: list[nn.Module] = []
-        width = obs_dim
-        for hidden in hidden_dims:
-            layers += [nn.Linear(width, hidden), nn.ReLU()]
-            width = hidden
-        self.trunk = nn.Sequential(*layers)
-        self.head = nn.Linear(width, 2 * act_dim)
+        self.net = mlp(obs_dim, hidden_dims, 2 * act_dim)
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
-        mean, raw_log_std = self.head(self.trunk(obs)).chunk(2, dim=-1)
+        mean, raw_log_std = self.net(obs).chunk(2, dim=-1)
         # tanh squashing keeps the log-std bounded with a gradient everywhere (a clamp has none outside)
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(raw_log_std) + 1)
         return mean, log_std
@@ -62,3 +65,14 @@ class EnsembleQ(nn.Module):
         for layer in self.layers[:-1]:
             x = torch.relu(layer(x))
         return self.layers[-1](x).squeeze(-1)
+
+
+class MLPValue(nn.Module):
+    """V(s): a ReLU MLP with a scalar output, shape (batch,)."""
+
+    def __init__(self, obs_dim: int, hidden_dims: Sequence[int]):
+        super().__init__()
+        self.net = mlp(obs_dim, hidden_dims, 1)
+
+    def forward(self, obs: Tensor) -> Tensor:
+        return self.net(obs).squeeze(-1)

@@ -360,6 +360,18 @@ class SimbaV2Critic(nn.Module):
         return q.reshape(self.num_critics, *batch_shape)
 
 
+class SimbaV2Value(nn.Module):
+    """State value V(s) with the critic's architecture (one member); output ``(*batch)``."""
+
+    def __init__(self, obs_dim: int, hidden_dim: int = 512, num_blocks: int = 2, *, c_shift: float = 3.0) -> None:
+        super().__init__()
+        self.encoder = SimbaV2Encoder(obs_dim, hidden_dim, num_blocks, c_shift)
+        self.head = HyperHead(hidden_dim, hidden_dim, 1)
+
+    def forward(self, obs: Tensor) -> Tensor:
+        return self.head(self.encoder(obs)).squeeze(-1)
+
+
 @torch.no_grad()
 def normalize_weights_(module: nn.Module) -> None:
     """Re-project every HyperDense kernel in `module` onto the unit sphere.

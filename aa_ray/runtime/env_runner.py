@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from aa_ray.algos import build_policy
+from aa_ray.algos.knobs import return_moments
 from aa_ray.runtime.nstep import NStepWindow
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import SpecError
@@ -101,6 +102,7 @@ class EnvRunner:
         self.autoreset = np.zeros(self.num_envs, dtype=bool)
         self.episodes = EpisodeTracker(self.num_envs)
         self.gamma = spec.algo.gamma
+        self.running_return = np.zeros(self.num_envs)  # discounted, raw rewards: feeds reward normalization
         self.nstep = NStepWindow(self.num_envs, spec.algo.n_step, self.gamma) if spec.algo.n_step > 1 else None
         self.eval_envs: gym.vector.VectorEnv | None = None
 
@@ -114,8 +116,8 @@ class EnvRunner:
         return self.act_low + 0.5 * (action + 1.0) * (self.act_high - self.act_low)
 
     def sample(self, num_steps: int, random_actions: bool) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """Step every env `num_steps` times. Returns (transitions, stats); stats include the raw
-        observation moments the learner merges into its normalizer."""
+        """Step every env `num_steps` times. Returns (transitions, stats); stats include the moments
+        of raw observations and returns that the learner merges into its normalizers."""
         obs_dim = self.obs.shape[1]
         buf = {
             "obs": np.empty((num_steps, self.num_envs, obs_dim), np.float32),
@@ -126,6 +128,7 @@ class EnvRunner:
             "truncated": np.empty((num_steps, self.num_envs), np.float32),
         }
         valid = np.empty((num_steps, self.num_envs), dtype=bool)
+        returns = np.empty((num_steps, self.num_envs))
         for t in range(num_steps):
             if random_actions:
                 action = self.rng.uniform(-1.0, 1.0, (self.num_envs, self.act_dim)).astype(np.float32)
@@ -136,6 +139,8 @@ class EnvRunner:
             buf["obs"][t], buf["action"][t], buf["reward"][t] = self.obs, action, reward
             buf["next_obs"][t], buf["terminated"][t], buf["truncated"][t] = next_obs, terminated, truncated
             done = terminated | truncated
+            returns[t] = self.running_return = self.gamma * self.running_return + reward
+            self.running_return[done] = 0.0
             self.episodes.step(reward, done, valid[t], info)
             self.autoreset = done
             self.obs = next_obs
@@ -146,7 +151,10 @@ class EnvRunner:
             "env_steps": int(valid.sum()),
             "episodes": self.episodes.pop(),
             "policy_version": self.policy_version,
-            "obs_moments": (len(obs), obs.mean(0) if len(obs) else None, obs.var(0) if len(obs) else None),
+            "norm_stats": {
+                "obs": (len(obs), obs.mean(0), obs.var(0)) if len(obs) else (0, None, None),
+                "return": return_moments(returns[valid]),
+            },
         }
         return transitions, stats
 

@@ -36,13 +36,14 @@ class Learner:
         self.weights_version = 0
         self.critic_updates = 0
 
-    def update(self, samples: dict[str, np.ndarray], obs_moments: list[tuple]) -> dict[str, float]:
+    def update(self, samples: dict[str, np.ndarray], norm_stats: list[dict]) -> dict[str, float]:
         """One learner iteration. `samples` stacks (fleet_steps * utd_ratio, batch) transitions;
-        `obs_moments` are the raw-observation moments of the data added since the last call."""
+        `norm_stats` are the runners' observation and return moments of the data added since the
+        last call, merged into the normalizers here so they stay frozen during the updates."""
         start = time.perf_counter()
-        for count, mean, var in obs_moments:
-            if count:
-                self.algo.policy.obs_norm.merge(count, mean, var)
+        for stats in norm_stats:
+            self.algo.policy.obs_norm.merge(*stats["obs"])
+            self.algo.reward_norm.merge(*stats["return"])
         batches = Batch.from_numpy(samples, self.device)
         utd = self.spec.algo.utd_ratio
         fleet_steps = len(batches) // utd

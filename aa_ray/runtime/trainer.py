@@ -161,7 +161,7 @@ class Trainer:
 
     def _loop(self) -> dict[str, Any]:
         spec, algo, c = self.spec, self.spec.algo, self.counters
-        pending_moments: list[tuple] = []
+        pending_stats: list[dict] = []
         recent_returns: deque[float] = deque(maxlen=20)
         recent_distances: deque[float] = deque(maxlen=20)
         window_start, window_steps, window_updates = time.perf_counter(), 0, 0
@@ -178,8 +178,8 @@ class Trainer:
                 if learning:
                     num_updates = algo.train_every * algo.utd_ratio
                     batches_ref = self.replay.sample.remote(num_updates, algo.batch_size)
-                    update_ref = self.learner.update.remote(batches_ref, pending_moments)
-                    pending_moments = []
+                    update_ref = self.learner.update.remote(batches_ref, pending_stats)
+                    pending_stats = []
                     self._publish_weights()
                 size_ref = self.replay.add.remote(*[transitions for transitions, _ in sampled])
 
@@ -190,7 +190,7 @@ class Trainer:
                 for s in stats:
                     c.env_steps += s["env_steps"]
                     window_steps += s["env_steps"]
-                    pending_moments.append(s["obs_moments"])
+                    pending_stats.append(s["norm_stats"])
                     for episode in s["episodes"]:
                         c.episodes += 1
                         recent_returns.append(episode["return"])
