@@ -1,26 +1,31 @@
-"""Algorithms, one file per variant. This registry is the only place that lists them."""
+"""Algorithms, one file per variant. `ALGORITHMS` is the only list of them: the spec's `algo`
+union, the learner and the env runners all read it."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+from torch import nn
 
 from aa_ray.algos import sac, sac_simba
-from aa_ray.nets.policy import SquashedGaussianPolicy
 
-# name -> (algorithm class, acting-module factory)
-ALGORITHMS: dict[str, tuple[type, Any]] = {
-    "sac": (sac.SAC, sac.make_policy),
-    "sac_simba": (sac_simba.SACSimba, sac_simba.make_policy),
+
+class Registered(NamedTuple):
+    config: type  # the pydantic config, discriminated by its `name` literal
+    algorithm: type  # built as algorithm(config, obs_dim, act_dim, device, planned_steps)
+    make_policy: Any  # (config, obs_dim, act_dim) -> the acting module env runners load
+
+
+ALGORITHMS: dict[str, Registered] = {
+    "sac": Registered(sac.SACConfig, sac.SAC, sac.make_policy),
+    "sac_simba": Registered(sac_simba.SACSimbaConfig, sac_simba.SACSimba, sac_simba.make_policy),
 }
 
 
 def build_algorithm(cfg: Any, obs_dim: int, act_dim: int, device: torch.device, planned_steps: int) -> Any:
-    algo_cls, _ = ALGORITHMS[cfg.name]
-    return algo_cls(cfg, obs_dim, act_dim, device, planned_steps)
+    return ALGORITHMS[cfg.name].algorithm(cfg, obs_dim, act_dim, device, planned_steps)
 
 
-def build_policy(cfg: Any, obs_dim: int, act_dim: int) -> SquashedGaussianPolicy:
-    _, make_policy = ALGORITHMS[cfg.name]
-    return make_policy(cfg, obs_dim, act_dim)
+def build_policy(cfg: Any, obs_dim: int, act_dim: int) -> nn.Module:
+    return ALGORITHMS[cfg.name].make_policy(cfg, obs_dim, act_dim)

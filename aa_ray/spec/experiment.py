@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     Field,
@@ -15,11 +15,10 @@ from pydantic import (
     model_validator,
 )
 
-from aa_ray.algos.sac import SACConfig
-from aa_ray.algos.sac_simba import SACSimbaConfig
+from aa_ray.algos import ALGORITHMS
 from aa_ray.spec.base import SpecModel
 
-AlgoConfig = Annotated[SACConfig | SACSimbaConfig, Field(discriminator="name")]
+AlgoConfig = Annotated[Union[tuple(entry.config for entry in ALGORITHMS.values())], Field(discriminator="name")]  # noqa: UP007
 
 
 class EnvSpec(SpecModel):

@@ -13,9 +13,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from aa_ray.algos import ALGORITHMS
 from aa_ray.spec.experiment import ExperimentSpec
-
-_ALGO_TAGS = ("sac", "sac_simba")  # the discriminator values of ExperimentSpec.algo
 
 
 class SpecError(ValueError):
@@ -61,7 +60,7 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Iterable[str], source: st
 def _field_path(loc: tuple[Any, ...]) -> str:
     # A discriminated union puts the tag into the location (algo.sac.utd_ratio); users wrote algo.utd_ratio.
     parts = [str(p) for p in loc]
-    if len(parts) >= 2 and parts[0] == "algo" and parts[1] in _ALGO_TAGS:
+    if len(parts) >= 2 and parts[0] == "algo" and parts[1] in ALGORITHMS:
         del parts[1]
     return ".".join(parts) or "(top level)"
 
