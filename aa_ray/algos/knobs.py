@@ -49,6 +49,20 @@ class OffPolicyConfig(SpecModel):
         return self
 
 
+def prior_rows(batch_size: int, ratio: float) -> int:
+    """RLPD: how many of a batch's rows come from the prior dataset (they come first)."""
+    return round(ratio * batch_size)
+
+
+def prior_q_gap(q: Tensor, cfg: OffPolicyConfig) -> dict[str, float]:
+    """RLPD diagnostics: mean Q on the prior rows vs the online rows of a batch (q: (..., batch))."""
+    if cfg.prior_data is None:
+        return {}
+    n = prior_rows(q.shape[-1], cfg.prior_data_ratio)
+    prior, online = q[..., :n].mean().item(), q[..., n:].mean().item()
+    return {"critic/prior_q": prior, "critic/online_q": online, "critic/prior_online_q_gap": prior - online}
+
+
 def td_loss(prediction: Tensor, target: Tensor, kind: str, huber_delta: float) -> Tensor:
     """Per-critic mean TD loss in fp32, summed over the ensemble dim (dim 0)."""
     prediction, target = prediction.float(), target.float().expand_as(prediction)

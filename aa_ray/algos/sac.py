@@ -29,6 +29,7 @@ from aa_ray.algos.knobs import (
     autocast,
     expectile_loss,
     make_optimizer,
+    prior_q_gap,
     td_loss,
 )
 from aa_ray.nets.mlp import EnsembleQ, MLPActor, MLPValue
@@ -44,6 +45,7 @@ class SACConfig(OffPolicyConfig):
     autotune_alpha: bool = Field(True, description="learn the temperature toward target_entropy")
     target_entropy: float | None = Field(None, description="null means -|A|")
     hidden_dims: list[PositiveInt] = Field([256, 256], min_length=1, description="MLP widths")
+    layer_norm: bool = Field(False, description="LayerNorm in the critics (as RLPD recommends with prior_data)")
     learn_v: bool = Field(False, description="BAC: learn V(s) by expectile regression on replayed actions")
     v_quantile: float = Field(0.7, gt=0, lt=1, description="BAC: expectile of V (> 0.5 is optimistic)")
     bee_lambda: float = Field(0.0, ge=0, le=1, description="BEE: weight of the exploitation target (0 = SAC)")
@@ -63,7 +65,7 @@ class SAC:
     def __init__(self, cfg: SACConfig, obs_dim: int, act_dim: int, device: torch.device, planned_steps: int = 0):
         self.cfg, self.device = cfg, device
         self.policy = make_policy(cfg, obs_dim, act_dim).to(device)
-        self.critic = EnsembleQ(obs_dim, act_dim, cfg.hidden_dims, num_critics=2).to(device)
+        self.critic = EnsembleQ(obs_dim, act_dim, cfg.hidden_dims, num_critics=2, layer_norm=cfg.layer_norm).to(device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.value = MLPValue(obs_dim, cfg.hidden_dims).to(device) if cfg.learn_v else None
         self.log_alpha = torch.tensor(math.log(cfg.init_alpha), device=device, requires_grad=True)
@@ -113,7 +115,7 @@ class SAC:
             "critic/td_target": next_q_value.mean().item(),
             "critic/grad_norm": norm,
             "critic/reward_scale": self.reward_norm.scale(),
-        }
+        } | prior_q_gap(q.float(), self.cfg)
 
     def update_value(self, b: Batch, obs: torch.Tensor, alpha: torch.Tensor, diagnostics: bool) -> dict[str, float]:
         """BAC: V(s) is an upper expectile of min Q_target(s, a_replay) - alpha log pi(a~|s): the value of

@@ -26,6 +26,7 @@ from aa_ray.algos.knobs import (
     autocast,
     expectile_loss,
     make_optimizer,
+    prior_q_gap,
     td_loss,
 )
 from aa_ray.nets.policy import SquashedGaussianPolicy
@@ -152,7 +153,7 @@ class SACSimba:
             "critic/td_target": next_q_value.mean().item(),
             "critic/grad_norm": norm,
             "critic/reward_scale": self.reward_norm.scale(),
-        }
+        } | prior_q_gap(q.float(), self.cfg)
 
     def update_value(self, b: Batch, obs: torch.Tensor, alpha: torch.Tensor, diagnostics: bool) -> dict[str, float]:
         """BAC: V(s) is an upper expectile of min Q_target(s, a_replay) - alpha log pi(a~|s)."""

@@ -49,21 +49,41 @@ class EnsembleLinear(nn.Module):
         return torch.baddbmm(self.bias, x, self.weight)
 
 
-class EnsembleQ(nn.Module):
-    """`num_critics` Q(s, a) MLPs; forward returns Q values of shape (num_critics, batch)."""
+class EnsembleLayerNorm(nn.Module):
+    """LayerNorm over features with a separate gain and bias per ensemble member."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden_dims: Sequence[int], num_critics: int = 2):
+    def __init__(self, num_members: int, width: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(num_members, 1, width))
+        self.bias = nn.Parameter(torch.zeros(num_members, 1, width))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return nn.functional.layer_norm(x, x.shape[-1:]) * self.weight + self.bias
+
+
+class EnsembleQ(nn.Module):
+    """`num_critics` Q(s, a) MLPs; forward returns Q values of shape (num_critics, batch).
+
+    `layer_norm` adds LayerNorm after each hidden layer, which RLPD found keeps Q values bounded
+    when training on offline data the policy never visits."""
+
+    def __init__(
+        self, obs_dim: int, act_dim: int, hidden_dims: Sequence[int], num_critics: int = 2, layer_norm: bool = False
+    ):
         super().__init__()
         self.num_critics = num_critics
         dims = [obs_dim + act_dim, *hidden_dims, 1]
         self.layers = nn.ModuleList(
             EnsembleLinear(num_critics, d_in, d_out) for d_in, d_out in zip(dims[:-1], dims[1:], strict=True)
         )
+        self.norms = nn.ModuleList(
+            EnsembleLayerNorm(num_critics, width) if layer_norm else nn.Identity() for width in hidden_dims
+        )
 
     def forward(self, obs: Tensor, action: Tensor) -> Tensor:
         x = torch.cat([obs, action], dim=-1).expand(self.num_critics, -1, -1)
-        for layer in self.layers[:-1]:
-            x = torch.relu(layer(x))
+        for layer, norm in zip(self.layers[:-1], self.norms, strict=True):
+            x = torch.relu(norm(layer(x)))
         return self.layers[-1](x).squeeze(-1)
 
 
