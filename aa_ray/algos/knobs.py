@@ -140,6 +140,8 @@ def make_optimizer(module: nn.Module, kind: str, lr: float) -> torch.optim.Optim
     matrices = _hidden_matrices(module)
     ids = {id(p) for p in matrices}
     rest = [p for p in params if id(p) not in ids]
+    if not matrices:  # e.g. an ensemble's stacked (members, in, out) weights: torch's Muon takes 2-D only
+        return torch.optim.AdamW(rest, lr=lr)
     return MuonWithAdamW(torch.optim.Muon(matrices, lr=lr), torch.optim.AdamW(rest, lr=lr))
 
 

@@ -1,0 +1,118 @@
+"""The shared off-policy knobs against hand-computed cases: expectile loss, BEE target, reward
+normalization, gradient clipping, Huber loss, mixed precision, Muon."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from aa_ray.algos.common import Batch
+from aa_ray.algos.knobs import GradientStep, RewardNormalizer, expectile_loss, prior_q_gap, prior_rows, td_loss
+from aa_ray.algos.sac import SAC, SACConfig
+from aa_ray.spec.loader import SpecError, validate_spec
+
+
+def one_batch(n: int = 4, obs_dim: int = 3, terminated: float = 0.0) -> Batch:
+    g = torch.Generator().manual_seed(0)
+    return Batch(
+        obs=torch.randn(n, obs_dim, generator=g),
+        action=torch.rand(n, 1, generator=g) * 2 - 1,
+        reward=torch.tensor([0.5, -1.0, 2.0, 0.0])[:n],
+        next_obs=torch.randn(n, obs_dim, generator=g),
+        terminated=torch.full((n,), terminated),
+        discount=torch.full((n,), 0.9),
+    )
+
+
+def test_expectile_loss_by_hand() -> None:
+    prediction = torch.zeros(2)
+    target = torch.tensor([1.0, -1.0])
+    # under-prediction (err +1) weighs 0.7, over-prediction (err -1) weighs 0.3: mean(0.7, 0.3)
+    assert expectile_loss(prediction, target, 0.7).item() == pytest.approx(0.5)
+    assert expectile_loss(prediction, target, 0.5).item() == pytest.approx(0.5)
+    # an optimistic expectile's minimiser lies above the mean of the targets
+    v = torch.zeros((), requires_grad=True)
+    opt = torch.optim.SGD([v], lr=0.5)
+    for _ in range(200):
+        opt.zero_grad()
+        expectile_loss(v.expand(2), target, 0.7).backward()
+        opt.step()
+    assert v.item() == pytest.approx(0.4, abs=1e-3)  # 0.7 (1 - v) = 0.3 (v + 1)
+
+
+def test_bee_target_with_lambda_one_is_r_plus_discounted_v() -> None:
+    """lambda = 1: the target is the exploitation target r + gamma^k V(s') alone."""
+    torch.manual_seed(0)
+    algo = SAC(SACConfig(learn_v=True, bee_lambda=1.0, hidden_dims=[16]), 3, 1, torch.device("cpu"))
+    b = one_batch()
+    info = algo.update_critic(b, diagnostics=True)
+    with torch.no_grad():
+        expected = (b.reward + 0.9 * algo.value(b.next_obs)).mean().item()  # V after its own step
+    assert info["critic/td_target"] == pytest.approx(expected, rel=1e-5)
+    assert "critic/q_upper" in info and "critic/v_loss" in info
+
+
+def test_bee_needs_learn_v_and_says_so() -> None:
+    raw = {
+        "name": "x",
+        "env": {"id": "Pendulum-v1"},
+        "budget": {"env_steps": 10_000},
+        "algo": {"name": "sac", "bee_lambda": 0.5},
+    }
+    with pytest.raises(SpecError, match="bee_lambda > 0 needs learn_v"):
+        validate_spec(raw)
+
+
+def test_reward_normalizer_statistics() -> None:
+    rng = np.random.default_rng(0)
+    chunks = [rng.normal(-2.0, 3.0, size=n) for n in (10, 200, 33)]
+    plain, simba = RewardNormalizer(True), RewardNormalizer(True, v_max=5.0)
+    for chunk in chunks:
+        for norm in (plain, simba):
+            norm.merge(len(chunk), chunk.mean(), chunk.var(), np.abs(chunk).max())
+    everything = np.concatenate(chunks)
+    assert float(plain.var) == pytest.approx(everything.var(), rel=1e-9)
+    assert plain.scale() == pytest.approx(1 / np.sqrt(everything.var() + 1e-8), rel=1e-6)
+    # SimbaV2's scale also keeps the largest |return| inside the support of half-width v_max
+    assert simba.scale() == pytest.approx(1 / max(everything.std(), np.abs(everything).max() / 5.0), rel=1e-6)
+    assert RewardNormalizer(False).scale() == 1.0
+
+
+def test_gradient_clipping_bounds_the_applied_step() -> None:
+    layer = torch.nn.Linear(4, 1)
+    before = layer.weight.detach().clone()
+    step = GradientStep(
+        torch.optim.SGD(layer.parameters(), lr=1.0), max_grad_norm=0.1, precision="fp32", device=torch.device("cpu")
+    )
+    norm = step((layer(torch.full((1, 4), 100.0)) ** 2).sum(), measure=True)
+    assert norm > 0.1  # the reported norm is the one before clipping
+    moved = torch.cat([(layer.weight - before).flatten(), layer.bias.grad.flatten() * 0])
+    assert torch.linalg.vector_norm(moved) <= 0.1 + 1e-6
+
+
+def test_huber_td_loss_matches_torch_per_critic() -> None:
+    q = torch.tensor([[0.0, 3.0], [1.0, -2.0]])
+    target = torch.tensor([0.5, 0.0])
+    expected = sum(torch.nn.functional.huber_loss(q[i], target, delta=1.0) for i in range(2))
+    assert td_loss(q, target, "huber", 1.0).item() == pytest.approx(expected.item())
+    assert td_loss(q, target, "mse", 1.0).item() == pytest.approx(((q - target) ** 2).mean(1).sum().item())
+
+
+@pytest.mark.parametrize(("precision", "optimizer"), [("bf16", "adam"), ("fp16", "adam"), ("fp32", "muon")])
+def test_precision_and_optimizer_variants_train(precision: str, optimizer: str) -> None:
+    torch.manual_seed(0)
+    cfg = SACConfig(hidden_dims=[32, 32], precision=precision, optimizer=optimizer, max_grad_norm=10.0)
+    algo = SAC(cfg, 3, 1, torch.device("cpu"))
+    stacked = Batch(*(t.unsqueeze(0) for t in one_batch()))
+    losses = [algo.update(stacked, diagnostics=True)["critic/q_loss"] for _ in range(30)]
+    assert all(np.isfinite(losses))
+    assert losses[-1] < losses[0]
+
+
+def test_prior_rows_and_q_gap() -> None:
+    assert prior_rows(256, 0.5) == 128 and prior_rows(8, 0.25) == 2
+    cfg = SACConfig(prior_data="x.parquet", prior_data_ratio=0.5)
+    gap = prior_q_gap(torch.tensor([[3.0, 3.0, 1.0, 1.0]]), cfg)
+    assert gap["critic/prior_online_q_gap"] == pytest.approx(2.0)
+    assert prior_q_gap(torch.zeros(1, 4), SACConfig()) == {}
