@@ -44,3 +44,11 @@ def test_sac_pendulum_reaches_minus_200_within_10k_steps() -> None:
     returns = [e["eval/return"] for e in result["evals"]]
     assert result["stop_reason"] == "target reached", f"eval returns: {returns}"
     print(f"sac solved Pendulum-v1 (>= -200) at {result['env_steps']} env steps; eval returns {returns}")
+
+
+def test_sac_bee_solves_pusher_reach() -> None:
+    """BAC/BEE (bee_lambda 0.5, expectile 0.7) reaches < 0.05 m mean eval distance within 20k env steps."""
+    result = train("sac_bee.yaml", "budget.env_steps=20000", "budget.stop_at_eval_distance=0.05")
+    distances = [e["eval/distance"] for e in result["evals"]]
+    assert result["stop_reason"] == "target reached", f"eval distances: {distances}"
+    print(f"sac_bee solved pusher-reach at {result['env_steps']} env steps; eval distances {distances}")
