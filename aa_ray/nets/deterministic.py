@@ -1,0 +1,37 @@
+"""What env runners act with for deterministic-actor algorithms (TD3): an observation normalizer
+in front of an actor whose output is squashed by tanh, plus Gaussian exploration noise at acting time."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from aa_ray.nets.policy import ObsNormalizer
+
+
+class DeterministicPolicy(nn.Module):
+    """normalizer -> actor (pre-tanh action) -> tanh; actions in [-1, 1].
+
+    Acting adds N(0, exploration_noise^2) to the action and clips to [-1, 1] (TD3's exploration);
+    deterministic acting (evaluation) does not. The noise scale is a plain attribute, not state:
+    it comes from the config, so a checkpoint's policy weights carry no copy of it.
+    """
+
+    def __init__(self, actor: nn.Module, obs_dim: int, normalize_obs: bool, exploration_noise: float):
+        super().__init__()
+        self.obs_norm = ObsNormalizer(obs_dim, enabled=normalize_obs)
+        self.actor = actor  # obs (normalized) -> pre-tanh action
+        self.exploration_noise = exploration_noise
+
+    def forward(self, obs: Tensor) -> Tensor:
+        """The policy's action for raw observations, differentiable, for training."""
+        return torch.tanh(self.actor(self.obs_norm(obs)))
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, deterministic: bool, generator: torch.Generator | None = None) -> np.ndarray:
+        action = self(torch.as_tensor(obs, dtype=torch.float32))
+        if deterministic or self.exploration_noise == 0:
+            return action.numpy()
+        noise = torch.randn(action.shape, generator=generator, dtype=action.dtype)
+        return (action + self.exploration_noise * noise).clamp(-1.0, 1.0).numpy()
