@@ -116,3 +116,14 @@ def test_prior_rows_and_q_gap() -> None:
     gap = prior_q_gap(torch.tensor([[3.0, 3.0, 1.0, 1.0]]), cfg)
     assert gap["critic/prior_online_q_gap"] == pytest.approx(2.0)
     assert prior_q_gap(torch.zeros(1, 4), SACConfig()) == {}
+
+
+def test_simba_networks_train_under_bf16_autocast() -> None:
+    from aa_ray.algos.sac_simba import SACSimba, SACSimbaConfig
+
+    torch.manual_seed(0)
+    algo = SACSimba(
+        SACSimbaConfig(precision="bf16", critic_hidden_dim=32, actor_hidden_dim=16), 3, 1, torch.device("cpu")
+    )
+    info = algo.update(Batch(*(t.unsqueeze(0) for t in one_batch())), diagnostics=True)
+    assert np.isfinite(info["critic/q_loss"]) and np.isfinite(info["actor/loss"])

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from aa_ray.algos import sac, sac_simba
+from aa_ray.algos import sac, sac_dist, sac_dist_simba, sac_simba, td3
 
 
 class Registered(NamedTuple):
@@ -20,6 +20,11 @@ class Registered(NamedTuple):
 ALGORITHMS: dict[str, Registered] = {
     "sac": Registered(sac.SACConfig, sac.SAC, sac.make_policy),
     "sac_simba": Registered(sac_simba.SACSimbaConfig, sac_simba.SACSimba, sac_simba.make_policy),
+    "td3": Registered(td3.TD3Config, td3.TD3, td3.make_policy),
+    "sac_dist": Registered(sac_dist.SACDistConfig, sac_dist.SACDist, sac_dist.make_policy),
+    "sac_dist_simba": Registered(
+        sac_dist_simba.SACDistSimbaConfig, sac_dist_simba.SACDistSimba, sac_dist_simba.make_policy
+    ),
 }
 
 

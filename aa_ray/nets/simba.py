@@ -212,7 +212,8 @@ class HyperLERPBlock(nn.Module):
         u = F.relu(self.scaler(self.w1(h))) + _NORM_EPS
         h_new = l2_normalize(self.w2(u))
         # lerp(h, h_new, a) == h + a * (h_new - h), fused into one kernel.
-        return l2_normalize(torch.lerp(h, h_new, self.alpha.effective()))
+        # (under autocast h may be bf16 while the scaler is fp32; lerp wants one dtype)
+        return l2_normalize(torch.lerp(h, h_new.to(h.dtype), self.alpha.effective().to(h.dtype)))
 
 
 class HyperHead(nn.Module):

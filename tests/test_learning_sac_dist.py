@@ -1,0 +1,40 @@
+"""Learning claims for the distributional SAC variants: short real runs (local Ray, MuJoCo) on
+pusher-reach that stop as soon as the mean eval distance is under 0.05 m."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aa_ray.runtime.trainer import Trainer
+from aa_ray.spec.loader import load_spec
+
+SPECS = Path(__file__).resolve().parents[1] / "specs"
+
+pytestmark = pytest.mark.learning
+
+
+def train(spec_file: str, *overrides: str) -> dict:
+    spec = load_spec(SPECS / spec_file, ["tracking.enabled=false", "checkpoint.save_replay=false", *overrides])
+    return Trainer(spec, live=False).run()
+
+
+def test_sac_dist_solves_pusher_reach_within_12k_steps() -> None:
+    """Twin C51 critics on the shipped spec must bring the mean final eval distance under 0.05 m
+    within 12k env steps (measured: solved at 7k with seed 0; a random policy ends ~0.2 m away)."""
+    result = train("sac_dist.yaml", "budget.env_steps=12000", "budget.stop_at_eval_distance=0.05")
+    distances = [e["eval/distance"] for e in result["evals"]]
+    assert result["stop_reason"] == "target reached", f"eval distances: {distances}"
+    assert distances[-1] < 0.05 and result["env_steps"] <= 12000
+    print(f"sac_dist solved pusher-reach at {result['env_steps']} env steps; eval distances {distances}")
+
+
+def test_sac_dist_simba_solves_pusher_reach_within_10k_steps() -> None:
+    """SimbaV2 networks with C51 critics and SimbaV2's reward scaling, on the shipped spec's widths
+    (which fit a 2-core CPU): under 0.05 m within 10k env steps (measured: solved at 5k with seed 0)."""
+    result = train("sac_dist_simba.yaml", "budget.env_steps=10000", "budget.stop_at_eval_distance=0.05")
+    distances = [e["eval/distance"] for e in result["evals"]]
+    assert result["stop_reason"] == "target reached", f"eval distances: {distances}"
+    assert distances[-1] < 0.05 and result["env_steps"] <= 10000
+    print(f"sac_dist_simba solved pusher-reach at {result['env_steps']} env steps; eval distances {distances}")
