@@ -1,12 +1,16 @@
-"""`aa-ray` command line: run and validate experiment specs."""
+"""`aa-ray` command line: run and validate experiment specs; record transition datasets."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aa_ray.spec.loader import SpecError, load_spec, spec_hash, spec_yaml
+
+if TYPE_CHECKING:
+    from aa_ray.spec.experiment import ExperimentSpec
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,7 +32,30 @@ def _parser() -> argparse.ArgumentParser:
 
     validate = commands.add_parser("validate", help="print the resolved spec, or what is wrong with it")
     with_spec(validate)
+
+    rollout = commands.add_parser(
+        "rollout", help="record a transition dataset (Parquet) from a checkpoint's policy or a scripted controller"
+    )
+    with_spec(rollout)
+    rollout.add_argument("--episodes", type=_positive_int, required=True, metavar="N", help="episodes to record")
+    rollout.add_argument("--out", required=True, metavar="PATH", help="the dataset file to write (.parquet)")
+    source = rollout.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", metavar="CKPT", help="act with this checkpoint's policy")
+    source.add_argument("--scripted", action="store_true", help="act with the env's scripted controller")
+    rollout.add_argument(
+        "--deterministic", action="store_true", help="with --checkpoint: the policy's mean action, no sampling"
+    )
     return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def _fail(message: str, code: int = 2) -> int:
@@ -51,14 +78,25 @@ def main(argv: list[str] | None = None) -> int:
         except SpecError as err:
             return _fail(str(err))
         print(f"# env {spec.env.id}: obs_dim {obs_dim}, act_dim {act_dim}")
+        if spec.algo.prior_data is not None:
+            from aa_ray.data.dataset import DatasetError
+
+            try:
+                print(f"# algo.prior_data: {_prior_data_note(spec, obs_dim, act_dim)}")
+            except DatasetError as err:
+                return _fail(f"algo.prior_data: {err}")
         print(f"# spec hash {spec_hash(spec)}\n# placement-group bundles: {spec.bundles()}")
         print(spec_yaml(spec), end="")
         return 0
 
     # Imported here so `validate` and an invalid spec never start (or import) Ray or MLflow.
+    from aa_ray.data.dataset import DatasetError
     from aa_ray.runtime.checkpoint import CheckpointError, check_compatible, load_checkpoint
     from aa_ray.runtime.cluster import ResourceError
     from aa_ray.runtime.trainer import Trainer, TrainingError
+
+    if args.command == "rollout":
+        return _rollout(spec, args)
 
     resume = None
     if args.resume:
@@ -70,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer = Trainer(spec, resume=resume, track=False if args.no_track else None, live=False if args.plain else None)
     try:
         result = trainer.run()
-    except SpecError as err:
+    except (SpecError, DatasetError) as err:
         return _fail(str(err))
     except (ResourceError, TrainingError) as err:
         hint = f" Last checkpoint: {trainer.last_checkpoint}." if trainer.last_checkpoint else ""
@@ -80,6 +118,44 @@ def main(argv: list[str] | None = None) -> int:
     print(f"run folder: {Path(result['run_dir'])}")
     if result["mlflow_run_id"]:
         print(f"mlflow run: {result['mlflow_run_id']}  (see it with: mlflow ui)")
+    return 0
+
+
+def _prior_data_note(spec: ExperimentSpec, obs_dim: int, act_dim: int) -> str:
+    """`validate`'s line on the RLPD dataset. A dataset that does not exist yet is fine here (the
+    shipped specs validate before anyone made one); one that does not fit the env is a DatasetError."""
+    from aa_ray.data.dataset import read_dataset
+
+    path = Path(spec.algo.prior_data).expanduser()
+    if not path.exists():
+        return f"{path} does not exist yet (`aa-ray run` needs it; make it with `aa-ray rollout`)"
+    dataset = read_dataset(path, expect_env_id=spec.env.id, expect_obs_dim=obs_dim, expect_act_dim=act_dim)
+    return f"{path}: {dataset.num_rows:,} transitions from {dataset.meta.producer}"
+
+
+def _rollout(spec: ExperimentSpec, args: argparse.Namespace) -> int:
+    from aa_ray.data.dataset import DatasetError
+    from aa_ray.data.rollout import RolloutError, rollout
+    from aa_ray.runtime.checkpoint import CheckpointError
+    from aa_ray.runtime.cluster import ResourceError
+    from aa_ray.runtime.trainer import TrainingError
+
+    try:
+        summary = rollout(
+            spec, args.out, args.episodes, checkpoint=args.checkpoint, scripted=args.scripted,
+            deterministic=args.deterministic,
+        )
+    except (SpecError, CheckpointError, RolloutError, DatasetError) as err:
+        return _fail(str(err))
+    except (ResourceError, TrainingError) as err:
+        return _fail(str(err), code=1)
+    except KeyboardInterrupt:
+        return _fail("interrupted", code=130)
+    line = f"dataset: {summary['path']} ({summary['episodes']} episodes, {summary['transitions']:,} transitions"
+    line += f", mean return {summary['mean_return']:.4g}"
+    if "mean_final_distance" in summary:
+        line += f", mean final distance {summary['mean_final_distance']:.4g}"
+    print(line + ")")
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import gymnasium as gym
@@ -10,6 +11,8 @@ import torch
 
 from aa_ray.algos import build_policy
 from aa_ray.algos.knobs import return_moments
+from aa_ray.data import dataset as ds
+from aa_ray.data.scripted import scripted_controllers
 from aa_ray.runtime.nstep import NStepWindow
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import SpecError
@@ -74,6 +77,47 @@ class EpisodeTracker:
         return finished
 
 
+class EpisodeRecorder:
+    """Steps a vector env and keeps each env copy's current episode until it ends (rollouts)."""
+
+    def __init__(self, envs: gym.vector.VectorEnv, seeds: list[int]):
+        self.envs = envs
+        self.obs, _ = envs.reset(seed=seeds)
+        self.autoreset = np.zeros(envs.num_envs, dtype=bool)
+        self.current: list[list[tuple]] = [[] for _ in range(envs.num_envs)]
+        self.finished: deque[tuple[dict[str, np.ndarray], dict[str, float]]] = deque()
+
+    def step(self, action: np.ndarray, to_env_action: Any) -> None:
+        next_obs, reward, terminated, truncated, info = self.envs.step(to_env_action(action))
+        for i in range(self.envs.num_envs):
+            if self.autoreset[i]:  # the reset step after an episode's end: not a transition
+                continue
+            step = (self.obs[i].copy(), action[i].copy(), reward[i], next_obs[i].copy(), terminated[i], truncated[i])
+            self.current[i].append(step)  # copies: a vector env may reuse its observation buffers
+            if terminated[i] or truncated[i]:
+                self.finished.append(self._episode(self.current[i], info, i))
+                self.current[i] = []
+        self.autoreset = terminated | truncated
+        self.obs = next_obs
+
+    @staticmethod
+    def _episode(steps: list[tuple], info: dict[str, Any], i: int) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        obs, action, reward, next_obs, terminated, truncated = (np.asarray(c) for c in zip(*steps, strict=True))
+        columns = {
+            ds.OBS: obs.astype(np.float32),
+            ds.ACTIONS: action.astype(np.float32),
+            ds.REWARDS: reward.astype(np.float32),
+            ds.NEXT_OBS: next_obs.astype(np.float32),
+            ds.TERMINATEDS: terminated.astype(bool),
+            ds.TRUNCATEDS: truncated.astype(bool),
+            ds.T: np.arange(len(steps), dtype=np.int64),
+        }
+        stats = {"return": float(reward.sum()), "length": float(len(steps))}
+        if "distance" in info:
+            stats["final_distance"] = float(info["distance"][i])
+        return columns, stats
+
+
 class EnvRunner:
     """Owns E env copies and acts with the latest published policy weights.
 
@@ -105,6 +149,7 @@ class EnvRunner:
         self.running_return = np.zeros(self.num_envs)  # discounted, raw rewards: feeds reward normalization
         self.nstep = NStepWindow(self.num_envs, spec.algo.n_step, self.gamma) if spec.algo.n_step > 1 else None
         self.eval_envs: gym.vector.VectorEnv | None = None
+        self.recorder: EpisodeRecorder | None = None  # rollout() state, made on first use
 
     def set_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         if version != self.policy_version:
@@ -175,6 +220,37 @@ class EnvRunner:
             return {k: v[:0] for k, v in buf.items()} | {"discount": np.zeros(0, np.float32)}
         columns = zip(*rows, strict=True)
         return {name: np.asarray(column, np.float32) for name, column in zip(names, columns, strict=True)}
+
+    def rollout(
+        self, num_episodes: int, first_eps_id: int, scripted: bool = False, deterministic: bool = False
+    ) -> tuple[dict[str, np.ndarray], list[dict[str, float]]]:
+        """Record `num_episodes` whole episodes, acting with the current policy (sampled, or its
+        mean with `deterministic`) or with the env's scripted controller. Returns (transitions in the
+        dataset's columns, one stats dict per episode); episodes get ids `first_eps_id`, +1, ...
+
+        Uses its own env copies, separate from `sample`'s. Episodes still running when a call
+        returns carry over into the next call, so no env step is wasted between calls."""
+        if scripted:
+            controller = scripted_controllers().get(self.spec.env.id)
+            if controller is None:
+                raise ValueError(f"env {self.spec.env.id} has no scripted controller")
+            act = lambda obs: np.clip(controller(obs), -1.0, 1.0).astype(np.float32)  # noqa: E731
+        else:
+            act = lambda obs: self.policy.act(obs, deterministic=deterministic, generator=self.generator)  # noqa: E731
+        if self.recorder is None:
+            envs = make_vector_env(self.spec, self.num_envs)
+            first_seed = 20_000_000 + (self.spec.seed * 1_000 + self.index) * self.num_envs
+            self.recorder = EpisodeRecorder(envs, seeds=[first_seed + i for i in range(self.num_envs)])
+        recorder = self.recorder
+        while len(recorder.finished) < num_episodes:
+            recorder.step(act(recorder.obs), self.to_env_action)
+        episodes = [recorder.finished.popleft() for _ in range(num_episodes)]
+        for k, (columns, _) in enumerate(episodes):
+            columns[ds.EPS_ID] = np.full(len(columns[ds.T]), first_eps_id + k, np.int64)
+        if not episodes:
+            return {name: np.zeros(0) for name in ds.COLUMNS}, []
+        transitions = {name: np.concatenate([columns[name] for columns, _ in episodes]) for name in ds.COLUMNS}
+        return transitions, [stats for _, stats in episodes]
 
     def evaluate(self, num_episodes: int) -> dict[str, float]:
         """Run `num_episodes` deterministic episodes on separate envs with fixed seeds, so every

@@ -1,14 +1,21 @@
-"""A ring buffer of transitions in preallocated numpy arrays, with Parquet save/load."""
+"""A ring buffer of transitions in preallocated numpy arrays, with Parquet save/load, and an
+optional prior buffer of dataset transitions for RLPD."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from aa_ray.algos.knobs import prior_rows  # the one definition, shared with the algorithms' diagnostics
+from aa_ray.data import dataset as ds
+
 FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "discount")
+
+__all__ = ["FIELDS", "ReplayBuffer", "prior_rows"]
 
 
 class ReplayBuffer:
@@ -17,6 +24,11 @@ class ReplayBuffer:
     `add` takes the chunks env runners return (dicts of arrays with a leading transition dim);
     `sample` returns stacks of batches shaped (num_batches, batch_size, ...) so a learner gets a
     whole iteration's data in one message.
+
+    RLPD: after `load_prior`, every sampled batch is `[prior rows | online rows]`: its first
+    `prior_rows(batch_size, ratio)` rows are drawn uniformly from the prior dataset, the rest
+    uniformly from the online ring (symmetric sampling when ratio is 0.5). The prior buffer is
+    never evicted, and is not saved with checkpoints (a resumed run reloads it from the dataset).
     """
 
     def __init__(self, capacity: int, obs_dim: int, act_dim: int, seed: int):
@@ -35,6 +47,8 @@ class ReplayBuffer:
         self.size = 0
         self.total_added = 0
         self.rng = np.random.default_rng(seed)
+        self.prior: ReplayBuffer | None = None
+        self.prior_ratio = 0.0
 
     def __len__(self) -> int:
         return self.size
@@ -57,10 +71,45 @@ class ReplayBuffer:
         return self.size
 
     def sample(self, num_batches: int, batch_size: int) -> dict[str, np.ndarray]:
-        if self.size == 0:
+        if self.prior is None:
+            return self._draw(num_batches, batch_size)
+        n_prior = prior_rows(batch_size, self.prior_ratio)
+        prior = self.prior._draw(num_batches, n_prior, rng=self.rng)
+        online = self._draw(num_batches, batch_size - n_prior)
+        return {name: np.concatenate([prior[name], online[name]], axis=1) for name in FIELDS}
+
+    def _draw(self, num_batches: int, batch_size: int, rng: np.random.Generator | None = None) -> dict:
+        if self.size == 0 and batch_size > 0:
             raise RuntimeError("cannot sample from an empty replay buffer")
-        index = self.rng.integers(0, self.size, size=(num_batches, batch_size))
+        index = (rng or self.rng).integers(0, max(self.size, 1), size=(num_batches, batch_size))
         return {name: self.storage[name][index] for name in FIELDS}
+
+    def load_prior(self, path: str | Path, ratio: float, gamma: float, env_id: str) -> dict[str, Any]:
+        """Load a transition dataset (validated against env_id and this buffer's dims) into the prior
+        buffer, streaming it batch by batch. Its 1-step rows get discount = gamma. Returns the row
+        count and the moments of its observations (for the observation normalizer)."""
+        dataset = ds.read_dataset(path, expect_env_id=env_id, expect_obs_dim=self.obs_dim, expect_act_dim=self.act_dim)
+        self.prior = ReplayBuffer(dataset.num_rows, self.obs_dim, self.act_dim, seed=0)
+        self.prior_ratio = ratio
+        total, total_sq = np.zeros(self.obs_dim), np.zeros(self.obs_dim)
+        for batch in dataset.iter_batches():
+            obs = batch[ds.OBS]
+            self.prior.add(
+                {
+                    "obs": obs,
+                    "action": batch[ds.ACTIONS],
+                    "reward": batch[ds.REWARDS],
+                    "next_obs": batch[ds.NEXT_OBS],
+                    "terminated": batch[ds.TERMINATEDS].astype(np.float32),
+                    "truncated": batch[ds.TRUNCATEDS].astype(np.float32),
+                    "discount": np.full(len(obs), gamma, np.float32),
+                }
+            )
+            total += obs.sum(0, dtype=np.float64)
+            total_sq += np.square(obs, dtype=np.float64).sum(0)
+        n = len(self.prior)
+        mean = total / n
+        return {"rows": n, "obs": (n, mean, np.maximum(total_sq / n - mean**2, 0.0))}
 
     def state(self) -> dict:
         return {

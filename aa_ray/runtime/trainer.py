@@ -10,6 +10,12 @@ is what keeps sync mode reproducible for a fixed seed):
 
 Every call is coarse: one per actor per iteration; transitions and weights move between actors
 as object refs and never pass through the driver.
+
+RLPD (`algo.prior_data` set): the dataset is validated against the spec's env before Ray starts,
+the replay actor loads it into its prior buffer, and every batch it samples is
+`[prior rows | online rows]` at `algo.prior_data_ratio`. Learning still starts once
+`warm_up_steps` online transitions are stored (an RLPD spec sets that small); the dataset's
+observations seed the observation normalizer's statistics.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from aa_ray.data.dataset import DatasetError, read_dataset
 from aa_ray.runtime import cluster
 from aa_ray.runtime.checkpoint import REPLAY_FILE, save_checkpoint
 from aa_ray.runtime.env_runner import EnvRunner, env_dims
@@ -49,7 +56,7 @@ class Counters:
     evals: list[dict[str, float]] = field(default_factory=list)
 
 
-def _get(refs: Any) -> Any:
+def get_results(refs: Any) -> Any:
     """ray.get that surfaces the actor's exception message instead of a Ray traceback."""
     try:
         return ray.get(refs)
@@ -80,12 +87,25 @@ class Trainer:
         self.counters = Counters(next_eval=spec.eval.every_env_steps, next_checkpoint=self._every_ckpt())
         self.tracker: MlflowTracker | None = None
         self.last_checkpoint: Path | None = None
+        self.prior_info: dict[str, Any] | None = None  # what the replay actor loaded from algo.prior_data
+
+    def check_prior_data(self, obs_dim: int, act_dim: int) -> Path | None:
+        """Validate `algo.prior_data` against the spec's env (file footers only); DatasetError
+        naming the file and the mismatch otherwise. Relative paths are taken from the cwd."""
+        if self.spec.algo.prior_data is None:
+            return None
+        path = Path(self.spec.algo.prior_data).expanduser().resolve()
+        try:
+            read_dataset(path, expect_env_id=self.spec.env.id, expect_obs_dim=obs_dim, expect_act_dim=act_dim)
+        except DatasetError as err:
+            raise DatasetError(f"algo.prior_data: {err}") from None
+        return path
 
     def _every_ckpt(self) -> int:
         return self.spec.checkpoint.every_env_steps or self.spec.budget.env_steps + 1
 
     # ---- building the actor graph -------------------------------------------------------------
-    def _build(self, obs_dim: int, act_dim: int) -> None:
+    def _build(self, obs_dim: int, act_dim: int, prior_path: Path | None) -> None:
         spec = self.spec
         self.group = cluster.reserve(spec)
         num_learners, num_runners = spec.learners.num_learners, spec.runners.num_runners
@@ -107,6 +127,9 @@ class Trainer:
             num_cpus=spec.runtime.replay_cpus,
             scheduling_strategy=cluster.in_bundle(self.group, num_learners + num_runners),
         ).remote(spec.algo.buffer_size, obs_dim, act_dim, seed=spec.seed)
+        if prior_path is not None:
+            ratio, gamma = spec.algo.prior_data_ratio, spec.algo.gamma
+            self.prior_info = get_results(self.replay.load_prior.remote(str(prior_path), ratio, gamma, spec.env.id))
 
     def _restore(self, payload: dict[str, Any]) -> None:
         c = payload["counters"]
@@ -120,7 +143,7 @@ class Trainer:
             calls.append(self.replay.load.remote(str(replay_file), payload["replay"]))
         for runner, state in zip(self.runners, payload["runner_rng"], strict=False):
             calls.append(runner.load_rng_state.remote(state))
-        _get(calls)
+        get_results(calls)
 
     def _publish_weights(self) -> None:
         state_ref, version_ref = self.learner.policy_state.options(num_returns=2).remote()
@@ -130,10 +153,11 @@ class Trainer:
     # ---- the loop ----------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         obs_dim, act_dim = env_dims(self.spec)  # a spec whose env cannot be made stops here
+        prior_path = self.check_prior_data(obs_dim, act_dim)  # so does a dataset that does not fit it
         started_ray = cluster.connect(self.spec)
         status = "FAILED"
         try:
-            self._build(obs_dim, act_dim)
+            self._build(obs_dim, act_dim, prior_path)
             if self.resume is not None:
                 self._restore(self.resume)
             self._publish_weights()
@@ -162,11 +186,13 @@ class Trainer:
     def _loop(self) -> dict[str, Any]:
         spec, algo, c = self.spec, self.spec.algo, self.counters
         pending_stats: list[dict] = []
+        if self.prior_info is not None and self.resume is None:  # a resumed normalizer already holds them
+            pending_stats.append({"obs": self.prior_info["obs"], "return": (0, 0.0, 1.0, 0.0)})
         recent_returns: deque[float] = deque(maxlen=20)
         recent_distances: deque[float] = deque(maxlen=20)
         window_start, window_steps, window_updates = time.perf_counter(), 0, 0
         replay_size = 0
-        learning = c.env_steps >= algo.warm_up_steps
+        learning = c.env_steps >= algo.warm_up_steps and c.env_steps > 0  # never sample an empty buffer
         stop_reason = "budget"
         with ProgressDisplay(spec.name, spec.budget.env_steps, live=self.live) as progress:
             while c.env_steps < spec.budget.env_steps:
@@ -183,9 +209,9 @@ class Trainer:
                     self._publish_weights()
                 size_ref = self.replay.add.remote(*[transitions for transitions, _ in sampled])
 
-                stats = _get([s for _, s in sampled])
-                metrics: dict[str, float] = _get(update_ref) if update_ref is not None else {}
-                replay_size = _get(size_ref)
+                stats = get_results([s for _, s in sampled])
+                metrics: dict[str, float] = get_results(update_ref) if update_ref is not None else {}
+                replay_size = get_results(size_ref)
                 c.iterations += 1
                 for s in stats:
                     c.env_steps += s["env_steps"]
@@ -198,7 +224,7 @@ class Trainer:
                             recent_distances.append(episode["final_distance"])
                 if update_ref is not None:
                     window_updates += algo.train_every * algo.utd_ratio
-                learning = learning or c.env_steps >= algo.warm_up_steps
+                learning = learning or (c.env_steps >= algo.warm_up_steps and c.env_steps > 0)
 
                 elapsed = time.perf_counter() - window_start
                 metrics.update({
@@ -207,6 +233,8 @@ class Trainer:
                     "replay/size": replay_size,
                     "replay/fill": replay_size / algo.buffer_size,
                 })
+                if self.prior_info is not None:
+                    metrics["replay/prior_size"] = self.prior_info["rows"]
                 if elapsed > 2.0:
                     metrics["env/steps_per_s"] = window_steps / elapsed
                     metrics["learner/updates_per_s"] = window_updates / elapsed
@@ -249,10 +277,11 @@ class Trainer:
             "run_dir": str(self.run_dir),
             "mlflow_run_id": self.tracker.run_id if self.tracker else None,
             "replay_size": replay_size,
+            "prior_size": self.prior_info["rows"] if self.prior_info else 0,
         }
 
     def _evaluate(self) -> dict[str, float]:
-        evaluation = _get(self.runners[0].evaluate.remote(self.spec.eval.episodes))
+        evaluation = get_results(self.runners[0].evaluate.remote(self.spec.eval.episodes))
         evaluation["eval/at_env_steps"] = float(self.counters.env_steps)
         self.counters.evals.append(evaluation)
         return evaluation
@@ -279,7 +308,7 @@ class Trainer:
         c = self.counters
         learner_state, replay_state, runner_rng = self._collect_state()
         if self.spec.checkpoint.save_replay:
-            _get(self.replay.save.remote(str(folder / REPLAY_FILE)))
+            get_results(self.replay.save.remote(str(folder / REPLAY_FILE)))
         state = {
             "counters": {
                 "env_steps": c.env_steps, "iterations": c.iterations, "episodes": c.episodes,
@@ -296,4 +325,4 @@ class Trainer:
     def _collect_state(self) -> tuple[dict, dict, list]:
         learner_ref, replay_ref = self.learner.state_dict.remote(), self.replay.state.remote()
         rng_refs = [r.rng_state.remote() for r in self.runners]
-        return _get(learner_ref), _get(replay_ref), _get(rng_refs)
+        return get_results(learner_ref), get_results(replay_ref), get_results(rng_refs)

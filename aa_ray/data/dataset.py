@@ -1,0 +1,388 @@
+"""Transition datasets: one Parquet row per environment step, readable by pyarrow, Ray Data and RLlib.
+
+Columns (named as RLlib's offline columnar format, `ray.rllib.core.columns.Columns`, so that
+`ray.data.read_parquet` and RLlib's offline algorithms read our files as they are):
+
+| column        | Arrow type                        | meaning                                          |
+|---------------|-----------------------------------|--------------------------------------------------|
+| `obs`         | fixed_size_list<float32>[obs_dim] | observation s_t                                  |
+| `actions`     | fixed_size_list<float32>[act_dim] | action a_t in the policy's [-1, 1] space         |
+| `rewards`     | float32                           | r_t (raw, unscaled)                              |
+| `new_obs`     | fixed_size_list<float32>[obs_dim] | s_{t+1} (the true final observation at an end)   |
+| `terminateds` | bool                              | s_{t+1} is terminal: masks the bootstrap         |
+| `truncateds`  | bool                              | the episode was cut by a time limit: bootstraps  |
+| `eps_id`      | int64                             | episode id, unique within the dataset            |
+| `t`           | int64                             | step index of s_t within its episode (0, 1, ...) |
+
+Rows are 1-step transitions and carry no discount: a reader applies its own gamma (the replay
+buffer stores discount = gamma for them, whatever `n_step` the online data uses). An episode's
+rows are contiguous and in `t` order. Actions are stored as the policy emits them, in [-1, 1]
+per dimension; the env saw `low + (a + 1) / 2 * (high - low)` with the bounds in the metadata.
+
+File metadata (Parquet key-value metadata, key `aa_ray.dataset`, a JSON object): `format`
+("aa-ray transitions"), `format_version`, `env_id`, `env_kwargs`, `observation_space` and
+`action_space` (`shape`, `low`, `high`, `dtype`; infinite bounds written as "inf"/"-inf"),
+`action_encoding`, `producer` ("scripted" or a checkpoint path), `created`, and, once the
+writer is closed, `num_transitions` and `num_episodes`.
+
+A dataset is a single file or a folder of such files (as Ray Data writes them). Large datasets
+are never loaded whole: `TransitionDataset.iter_batches` streams record batches through
+`pyarrow.dataset`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+
+FORMAT = "aa-ray transitions"
+FORMAT_VERSION = 1
+META_KEY = b"aa_ray.dataset"
+ACTION_ENCODING = "policy space [-1, 1]; env action = low + (a + 1) / 2 * (high - low)"
+
+# ray.rllib.core.columns.Columns values (tests check they still match the installed Ray)
+OBS, ACTIONS, REWARDS, NEXT_OBS = "obs", "actions", "rewards", "new_obs"
+TERMINATEDS, TRUNCATEDS, EPS_ID, T = "terminateds", "truncateds", "eps_id", "t"
+COLUMNS = (OBS, ACTIONS, REWARDS, NEXT_OBS, TERMINATEDS, TRUNCATEDS, EPS_ID, T)
+_VECTOR_COLUMNS = {OBS: "obs", ACTIONS: "act", NEXT_OBS: "obs"}  # fixed-size lists, of obs_dim or act_dim
+_NUMPY_DTYPES = {REWARDS: np.float32, TERMINATEDS: np.bool_, TRUNCATEDS: np.bool_, EPS_ID: np.int64, T: np.int64}
+
+
+class DatasetError(ValueError):
+    """A dataset that cannot be used; the message names the file and what is wrong."""
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _bounds_to_json(values: np.ndarray) -> list[float | str]:
+    return [float(v) if math.isfinite(v) else ("inf" if v > 0 else "-inf") for v in np.asarray(values).ravel()]
+
+
+@dataclass(frozen=True)
+class BoxInfo:
+    """A flat Box space as the file records it."""
+
+    shape: tuple[int, ...]
+    low: tuple[float, ...]
+    high: tuple[float, ...]
+    dtype: str = "float32"
+
+    @classmethod
+    def from_space(cls, space: Any) -> BoxInfo:
+        return cls(
+            tuple(int(d) for d in space.shape),
+            tuple(float(v) for v in np.asarray(space.low).ravel()),
+            tuple(float(v) for v in np.asarray(space.high).ravel()),
+            str(np.dtype(space.dtype)),
+        )
+
+    @property
+    def dim(self) -> int:
+        return int(np.prod(self.shape))
+
+    def to_json(self) -> dict[str, Any]:
+        low, high = _bounds_to_json(np.array(self.low)), _bounds_to_json(np.array(self.high))
+        return {"shape": list(self.shape), "low": low, "high": high, "dtype": self.dtype}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> BoxInfo:
+        return cls(
+            tuple(int(d) for d in raw["shape"]),
+            tuple(float(v) for v in raw["low"]),
+            tuple(float(v) for v in raw["high"]),
+            str(raw.get("dtype", "float32")),
+        )
+
+
+@dataclass(frozen=True)
+class DatasetMeta:
+    """What a dataset file says about itself."""
+
+    env_id: str
+    observation_space: BoxInfo
+    action_space: BoxInfo
+    producer: str  # "scripted", or the checkpoint folder whose policy acted
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+    created: str = ""
+    num_transitions: int | None = None
+    num_episodes: int | None = None
+
+    @classmethod
+    def for_env(cls, env_id: str, obs_space: Any, act_space: Any, producer: str, **extra: Any) -> DatasetMeta:
+        return cls(env_id, BoxInfo.from_space(obs_space), BoxInfo.from_space(act_space), producer, **extra)
+
+    @property
+    def obs_dim(self) -> int:
+        return self.observation_space.dim
+
+    @property
+    def act_dim(self) -> int:
+        return self.action_space.dim
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": FORMAT,
+                "format_version": self.format_version,
+                "env_id": self.env_id,
+                "env_kwargs": self.env_kwargs,
+                "observation_space": self.observation_space.to_json(),
+                "action_space": self.action_space.to_json(),
+                "action_encoding": ACTION_ENCODING,
+                "producer": self.producer,
+                "created": self.created or _now(),
+                "num_transitions": self.num_transitions,
+                "num_episodes": self.num_episodes,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: bytes | str, source: str) -> DatasetMeta:
+        try:
+            raw = json.loads(text)
+            if raw.get("format") != FORMAT:
+                raise KeyError("format")
+            return cls(
+                env_id=str(raw["env_id"]),
+                observation_space=BoxInfo.from_json(raw["observation_space"]),
+                action_space=BoxInfo.from_json(raw["action_space"]),
+                producer=str(raw["producer"]),
+                env_kwargs=dict(raw.get("env_kwargs") or {}),
+                format_version=int(raw["format_version"]),
+                created=str(raw.get("created", "")),
+                num_transitions=raw.get("num_transitions"),
+                num_episodes=raw.get("num_episodes"),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise DatasetError(f"dataset {source}: its {META_KEY.decode()} metadata is unreadable ({err!r}).") from None
+
+
+# ---- writing ---------------------------------------------------------------------------------
+
+
+def _schema(meta: DatasetMeta) -> pa.Schema:
+    vector = lambda dim: pa.list_(pa.float32(), dim)  # noqa: E731
+    return pa.schema(
+        [
+            (OBS, vector(meta.obs_dim)),
+            (ACTIONS, vector(meta.act_dim)),
+            (REWARDS, pa.float32()),
+            (NEXT_OBS, vector(meta.obs_dim)),
+            (TERMINATEDS, pa.bool_()),
+            (TRUNCATEDS, pa.bool_()),
+            (EPS_ID, pa.int64()),
+            (T, pa.int64()),
+        ],
+        metadata={META_KEY: meta.to_json().encode()},
+    )
+
+
+def _to_table(transitions: Mapping[str, np.ndarray], meta: DatasetMeta, schema: pa.Schema) -> pa.Table:
+    missing = [c for c in COLUMNS if c not in transitions]
+    if missing:
+        raise ValueError(f"transitions lack the dataset columns {missing}")
+    n = len(transitions[REWARDS])
+    arrays = []
+    for name in COLUMNS:
+        values = np.asarray(transitions[name])
+        if name in _VECTOR_COLUMNS:
+            dim = meta.obs_dim if _VECTOR_COLUMNS[name] == "obs" else meta.act_dim
+            values = values.astype(np.float32, copy=False).reshape(len(values), -1)
+            if values.shape != (n, dim):
+                raise ValueError(f"column {name}: expected shape ({n}, {dim}), got {values.shape}")
+            arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), dim))
+        else:
+            if values.shape != (n,):
+                raise ValueError(f"column {name}: expected shape ({n},), got {values.shape}")
+            arrays.append(pa.array(values.astype(_NUMPY_DTYPES[name], copy=False)))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+class DatasetWriter:
+    """Streams transitions into one Parquet file (written to `<path>.tmp`, renamed on close, so a
+    crash never leaves a half dataset under the real name). Use as a context manager."""
+
+    def __init__(self, path: str | Path, meta: DatasetMeta):
+        self.path = Path(path)
+        self.meta = meta if meta.created else replace(meta, created=_now())
+        self.schema = _schema(self.meta)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = self.path.with_name(self.path.name + ".tmp")
+        self.writer = pq.ParquetWriter(self.tmp, self.schema)
+        self.num_transitions = 0
+        self.episodes: set[int] = set()
+
+    def write(self, transitions: Mapping[str, np.ndarray]) -> None:
+        table = _to_table(transitions, self.meta, self.schema)
+        if table.num_rows:
+            self.writer.write_table(table)
+            self.num_transitions += table.num_rows
+            self.episodes.update(np.unique(np.asarray(transitions[EPS_ID])).tolist())
+
+    def close(self) -> Path:
+        final = replace(self.meta, num_transitions=self.num_transitions, num_episodes=len(self.episodes))
+        # the file-level key-value metadata written last wins over the schema's copy when read back
+        self.writer.add_key_value_metadata({META_KEY.decode(): final.to_json()})
+        self.writer.close()
+        os.replace(self.tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        self.writer.close()
+        self.tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> DatasetWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def write_dataset(path: str | Path, transitions: Mapping[str, np.ndarray], meta: DatasetMeta) -> Path:
+    """Write a whole dataset at once (`DatasetWriter` streams one chunk at a time)."""
+    with DatasetWriter(path, meta) as writer:
+        writer.write(transitions)
+    return writer.path
+
+
+# ---- reading ---------------------------------------------------------------------------------
+
+
+def _data_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*.parquet") if p.is_file())
+        if not files:
+            raise DatasetError(f"dataset folder {path} holds no .parquet files.")
+        return files
+    if not path.is_file():
+        raise DatasetError(
+            f"dataset {str(path)!r} not found: pass a Parquet file or folder written by `aa-ray rollout`."
+        )
+    return [path]
+
+
+def _file_meta(file: Path) -> tuple[DatasetMeta, pa.Schema, int]:
+    try:
+        parquet = pq.ParquetFile(file)
+    except (pa.ArrowException, OSError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise DatasetError(f"dataset file {file} is not a Parquet file ({reason}).") from None
+    raw = (parquet.metadata.metadata or {}).get(META_KEY) or (parquet.schema_arrow.metadata or {}).get(META_KEY)
+    if raw is None:
+        raise DatasetError(
+            f"dataset file {file} is a Parquet file but not an aa-ray transition dataset "
+            f"(no {META_KEY.decode()} metadata); write datasets with `aa-ray rollout` or aa_ray.data.write_dataset."
+        )
+    return DatasetMeta.from_json(raw, str(file)), parquet.schema_arrow, parquet.metadata.num_rows
+
+
+def _check_file(file: Path, meta: DatasetMeta, schema: pa.Schema) -> None:
+    if meta.format_version > FORMAT_VERSION:
+        raise DatasetError(
+            f"dataset file {file} has format version {meta.format_version}; this aa-ray reads up to {FORMAT_VERSION}."
+        )
+    missing = [c for c in COLUMNS if c not in schema.names]
+    if missing:
+        raise DatasetError(f"dataset file {file} lacks the columns {missing} (has {schema.names}).")
+    for name, kind in _VECTOR_COLUMNS.items():
+        dim = meta.obs_dim if kind == "obs" else meta.act_dim
+        column_type = schema.field(name).type
+        if not (isinstance(column_type, pa.FixedSizeListType) and column_type.list_size == dim):
+            raise DatasetError(
+                f"dataset file {file}: column {name} is {column_type}, but its metadata says {kind}_dim {dim}."
+            )
+
+
+@dataclass
+class TransitionDataset:
+    """A validated dataset (one or more files); reading it is lazy."""
+
+    path: Path
+    files: list[Path]
+    meta: DatasetMeta
+    num_rows: int
+
+    def iter_batches(self, batch_rows: int = 65_536) -> Iterator[dict[str, np.ndarray]]:
+        """Stream the transitions as dicts of numpy arrays (vectors as (n, dim) float32),
+        at most `batch_rows` rows at a time, in file order."""
+        dataset = pads.dataset([str(f) for f in self.files], format="parquet")
+        for batch in dataset.to_batches(columns=list(COLUMNS), batch_size=batch_rows):
+            if batch.num_rows:
+                yield _batch_to_numpy(batch)
+
+    def read_all(self) -> dict[str, np.ndarray]:
+        """Every transition in memory at once (small datasets, tests)."""
+        parts = list(self.iter_batches())
+        if not parts:
+            return _batch_to_numpy(pa.RecordBatch.from_pylist([], schema=_schema(self.meta)))
+        return {name: np.concatenate([p[name] for p in parts]) for name in COLUMNS}
+
+
+def _batch_to_numpy(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
+    out = {}
+    n = batch.num_rows
+    for name in COLUMNS:
+        column = batch.column(name)
+        if name in _VECTOR_COLUMNS:
+            size = column.type.list_size
+            out[name] = column.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(n, size)
+        else:
+            out[name] = column.to_numpy(zero_copy_only=False).astype(_NUMPY_DTYPES[name])
+    return out
+
+
+def read_dataset(
+    path: str | Path,
+    expect_env_id: str | None = None,
+    expect_obs_dim: int | None = None,
+    expect_act_dim: int | None = None,
+) -> TransitionDataset:
+    """Open and validate a dataset (reading only file footers). Raises DatasetError naming the
+    file and the mismatch when it is not a dataset, lacks columns, or was recorded on another env
+    or with other observation/action dimensions than expected."""
+    path = Path(path)
+    files = _data_files(path)
+    metas, num_rows = [], 0
+    for file in files:
+        meta, schema, rows = _file_meta(file)
+        _check_file(file, meta, schema)
+        _check_expected(file, meta, expect_env_id, expect_obs_dim, expect_act_dim)
+        if metas and (meta.env_id, meta.obs_dim, meta.act_dim) != (metas[0].env_id, metas[0].obs_dim, metas[0].act_dim):
+            raise DatasetError(f"dataset {path}: file {file} was recorded on another env or with other dims.")
+        metas.append(meta)
+        num_rows += rows
+    if num_rows == 0:
+        raise DatasetError(f"dataset {path} holds no transitions.")
+    return TransitionDataset(path, files, metas[0], num_rows)
+
+
+def _check_expected(
+    file: Path, meta: DatasetMeta, env_id: str | None, obs_dim: int | None, act_dim: int | None
+) -> None:
+    if env_id is not None and meta.env_id != env_id:
+        raise DatasetError(f"dataset {file} was recorded on env {meta.env_id!r}, but this run's env is {env_id!r}.")
+    if obs_dim is not None and meta.obs_dim != obs_dim:
+        raise DatasetError(
+            f"dataset {file} holds observations of dim {meta.obs_dim}, but this run's env has obs_dim {obs_dim}."
+        )
+    if act_dim is not None and meta.act_dim != act_dim:
+        raise DatasetError(
+            f"dataset {file} holds actions of dim {meta.act_dim}, but this run's env has act_dim {act_dim}."
+        )

@@ -1,0 +1,200 @@
+"""`aa-ray rollout`: record a transition dataset with the env-runner fleet.
+
+The spec's env and `runners` section decide what runs: R EnvRunner actors, each stepping its E
+env copies with a checkpoint's policy or the env's scripted controller. The driver hands each
+runner a share of the episodes in rounds (one `rollout` call per runner per round) and streams
+every round's episodes into the Parquet file while the next round runs.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aa_ray.data.dataset import DatasetMeta, DatasetWriter
+from aa_ray.data.scripted import scripted_controllers
+from aa_ray.spec.experiment import ExperimentSpec
+
+ROUNDS = 20  # about this many progress reports per rollout
+
+
+class RolloutError(ValueError):
+    """A rollout that cannot start (no scripted controller, a checkpoint for another env...)."""
+
+
+def _report(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def policy_from_checkpoint(spec: ExperimentSpec, checkpoint: str | Path) -> tuple[ExperimentSpec, dict]:
+    """The spec to roll out with (the checkpoint's algo, so runners build its policy network) and
+    the policy weights. CheckpointError (a bad path or file) or RolloutError (wrong env)."""
+    from aa_ray.algos import build_policy
+    from aa_ray.runtime.checkpoint import CheckpointError, checkpoint_spec, load_checkpoint
+    from aa_ray.runtime.env_runner import env_dims
+
+    payload = load_checkpoint(checkpoint)
+    trained = checkpoint_spec(payload)
+    if trained.env.id != spec.env.id:
+        raise RolloutError(
+            f"checkpoint {payload['folder']} was trained on env {trained.env.id!r}, the spec's env is "
+            f"{spec.env.id!r}; roll it out with the spec stored beside it (spec.yaml)."
+        )
+    try:
+        state = payload["learner"]["algo"]["policy"]
+    except (KeyError, TypeError):
+        raise CheckpointError(f"checkpoint {payload['folder']} holds no policy weights.") from None
+    obs_dim, act_dim = env_dims(spec)
+    try:
+        build_policy(trained.algo, obs_dim, act_dim).load_state_dict(state)
+    except RuntimeError as err:
+        raise CheckpointError(
+            f"checkpoint {payload['folder']}: its policy does not fit env {spec.env.id} "
+            f"(obs_dim {obs_dim}, act_dim {act_dim}): {str(err).splitlines()[0]}"
+        ) from None
+    return spec.model_copy(update={"algo": trained.algo}), state
+
+
+def check_scripted(spec: ExperimentSpec) -> None:
+    if spec.env.id not in scripted_controllers():
+        raise RolloutError(
+            f"env {spec.env.id!r} has no scripted controller (envs with one: {', '.join(scripted_controllers())}); "
+            "use --checkpoint to roll out a trained policy."
+        )
+
+
+def dataset_meta(spec: ExperimentSpec, producer: str) -> DatasetMeta:
+    from aa_ray.runtime.env_runner import make_vector_env
+
+    envs = make_vector_env(spec, 1)
+    try:
+        return DatasetMeta.for_env(
+            spec.env.id,
+            envs.single_observation_space,
+            envs.single_action_space,
+            producer,
+            env_kwargs=dict(spec.env.kwargs),
+        )
+    finally:
+        envs.close()
+
+
+def rollout(
+    spec: ExperimentSpec,
+    out: str | Path,
+    episodes: int,
+    *,
+    checkpoint: str | Path | None = None,
+    scripted: bool = False,
+    deterministic: bool = False,
+    report: Callable[[str], None] = _report,
+) -> dict[str, Any]:
+    """Write `episodes` episodes of the spec's env to the dataset `out`. Everything that can be
+    checked is checked before Ray starts (SpecError, CheckpointError, RolloutError)."""
+    import ray
+
+    from aa_ray.runtime import cluster
+    from aa_ray.runtime.env_runner import EnvRunner, env_dims
+    from aa_ray.runtime.trainer import get_results
+
+    if episodes < 1:
+        raise RolloutError(f"--episodes must be at least 1, got {episodes}")
+    if Path(out).is_dir():
+        raise RolloutError(f"--out {out} is a folder; pass the path of the .parquet file to write")
+    if scripted == (checkpoint is not None):
+        raise RolloutError("roll out either a checkpoint's policy or the scripted controller (exactly one)")
+    env_dims(spec)  # SpecError for an env that cannot be made or used
+    policy_state = None
+    if scripted:
+        check_scripted(spec)
+        producer = "scripted"
+    else:
+        spec, policy_state = policy_from_checkpoint(spec, checkpoint)
+        producer = str(Path(checkpoint).resolve())
+    meta = dataset_meta(spec, producer)
+
+    started_ray = cluster.connect(spec)
+    runners: list[Any] = []
+    group = None
+    try:
+        group = _reserve_runners(spec)
+        runners = [
+            ray.remote(EnvRunner)
+            .options(num_cpus=spec.runners.cpus_per_runner, scheduling_strategy=cluster.in_bundle(group, i))
+            .remote(spec, i)
+            for i in range(spec.runners.num_runners)
+        ]
+        if policy_state is not None:
+            state_ref = ray.put(policy_state)
+            get_results([r.set_weights.remote(state_ref, 0) for r in runners])
+
+        per_call = max(spec.runners.envs_per_runner, math.ceil(episodes / (len(runners) * ROUNDS)))
+        next_id = 0
+
+        def submit() -> list:
+            nonlocal next_id
+            calls = []
+            for runner in runners:
+                n = min(per_call, episodes - next_id)
+                if n > 0:
+                    calls.append(runner.rollout.remote(n, next_id, scripted=scripted, deterministic=deterministic))
+                    next_id += n
+            return calls
+
+        returns: list[float] = []
+        distances: list[float] = []
+        with DatasetWriter(out, meta) as writer:
+            pending = submit()
+            while pending:
+                results = get_results(pending)
+                pending = submit()  # the next round runs while this one is written
+                for transitions, stats in results:
+                    writer.write(transitions)
+                    returns += [s["return"] for s in stats]
+                    distances += [s["final_distance"] for s in stats if "final_distance" in s]
+                line = f"rollout: {len(returns)}/{episodes} episodes, {writer.num_transitions:,} transitions"
+                line += f", mean return {np.mean(returns):.4g}"
+                if distances:
+                    line += f", mean final distance {np.mean(distances):.4g}"
+                report(line)
+        summary = {
+            "path": str(writer.path),
+            "episodes": len(returns),
+            "transitions": writer.num_transitions,
+            "mean_return": float(np.mean(returns)),
+            "producer": producer,
+        }
+        if distances:
+            summary["mean_final_distance"] = float(np.mean(distances))
+        return summary
+    finally:
+        for runner in runners:
+            ray.kill(runner)
+        if group is not None:
+            ray.util.remove_placement_group(group)
+        if started_ray:
+            ray.shutdown()
+
+
+def _reserve_runners(spec: ExperimentSpec) -> Any:
+    """A placement group of just the runner bundles; ResourceError if it cannot be placed in time."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from aa_ray.runtime.cluster import ResourceError
+
+    bundles = [{"CPU": spec.runners.cpus_per_runner}] * spec.runners.num_runners
+    group = placement_group(bundles, strategy="PACK")
+    ready, _ = ray.wait([group.ready()], timeout=spec.runtime.resource_timeout_s)
+    if not ready:
+        remove_placement_group(group)
+        raise ResourceError(
+            f"the cluster could not place the runner bundles {bundles} within {spec.runtime.resource_timeout_s:g}s "
+            f"(available now: {ray.available_resources()})."
+        )
+    return group
