@@ -1,8 +1,8 @@
 """Helpers shared by the benchmark scripts: alternating timing, median ratios, tables, machine info.
 
 The benchmarks run on shared, possibly busy machines, so absolute rates drift. What they report
-as the result is always a ratio measured side by side: the contenders are run alternately
-(A B A B ...) within one process and the per-repetition ratios are summarised by their median.
+as the result is always a ratio measured side by side: the contenders are run alternately within
+one process (A B, B A, A B, ...) and the per-repetition ratios are summarised by their median.
 """
 
 from __future__ import annotations
@@ -32,6 +32,21 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def git_state() -> str:
+    """The commit measured, and whether aa_ray/ differed from it (benchmarks measure the working tree)."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, cwd=REPO, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--", "aa_ray", "specs")
+    return commit + (" + uncommitted changes in aa_ray/ or specs/" if dirty else "")
+
+
 def machine_info() -> dict[str, Any]:
     import torch
 
@@ -44,6 +59,7 @@ def machine_info() -> dict[str, Any]:
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "loadavg_1m_at_start": round(load[0], 2),
+        "git": git_state(),
     }
 
 
@@ -52,15 +68,21 @@ def print_machine(info: dict[str, Any]) -> None:
         f"# {info['date']}  nproc={info['nproc']}  cpu={info['cpu']}  python {info['python']}  "
         f"torch {info['torch']} (threads={info['torch_threads']})  load(1m)={info['loadavg_1m_at_start']}"
     )
+    print(f"# code: {info['git']}")
+    if info["loadavg_1m_at_start"] > 0.75 * (info["nproc"] or 1):
+        print(f"# WARNING: the machine is busy (load {info['loadavg_1m_at_start']} on {info['nproc']} CPUs): rates "
+              "drift and Ray actors (nice 15) lose CPU to other nice-0 processes; prefer a quiet machine")
 
 
 def alternate(contenders: Sequence[tuple[str, Callable[[], float]]], reps: int, verbose: bool = True
               ) -> dict[str, list[float]]:
-    """Run every contender once per repetition, in the given order (A B A B ...); each call
-    returns a rate (higher is better). Returns the rates per contender, one per repetition."""
+    """Run every contender once per repetition, alternating (A B C, then C B A, then A B C, ...:
+    the order flips every repetition so that no contender always runs first or right after the
+    same neighbour); each call returns a rate (higher is better). Returns the rates per
+    contender, one per repetition, so rates[x][i] and rates[y][i] were measured back to back."""
     rates: dict[str, list[float]] = {name: [] for name, _ in contenders}
     for rep in range(reps):
-        for name, fn in contenders:
+        for name, fn in contenders if rep % 2 == 0 else list(reversed(contenders)):
             rate = fn()
             rates[name].append(rate)
             if verbose:

@@ -61,16 +61,19 @@ def actor_niceness() -> int:
 class TimedTrainer(Trainer):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.stamps: list[tuple[float, int]] = []  # (perf_counter after the iteration, env steps)
+        # (perf_counter after the iteration, env steps, seconds inside Learner.update that iteration)
+        self.stamps: list[tuple[float, int, float]] = []
         self.eval_spans: list[tuple[float, float]] = []
         self.log_spans: list[tuple[float, float]] = []  # time inside the tracker (MLflow) calls
+        self.cpu: list[float] = []  # this (driver) process's CPU time, all its threads, at each stamp
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
         start = time.perf_counter()
         super()._log(metrics, step)  # MLflow (when tracking) is part of the iteration's time
         end = time.perf_counter()
         self.log_spans.append((start, end))
-        self.stamps.append((end, step))
+        self.stamps.append((end, step, metrics.get("learner/update_time_s", 0.0)))
+        self.cpu.append(time.process_time())
 
     def _evaluate(self) -> dict[str, float]:
         start = time.perf_counter()
@@ -81,20 +84,27 @@ class TimedTrainer(Trainer):
 
     def learning_rate(self) -> dict[str, float]:
         rate = learning_phase(self.stamps, self.spec.algo.warm_up_steps, self.eval_spans)
-        t0 = next(t for t, s in self.stamps if s >= self.spec.algo.warm_up_steps)
+        first = next(i for i, (_, s, _) in enumerate(self.stamps) if s >= self.spec.algo.warm_up_steps)
+        t0 = self.stamps[first][0]
         rate["log_s"] = sum(e - b for b, e in self.log_spans if b >= t0)  # the driver's logging, in the window
+        rate["driver_cpu_s"] = self.cpu[-1] - self.cpu[first]  # includes evaluation and background threads
         return rate
 
 
-def learning_phase(stamps: Sequence[tuple[float, int]], warm_up: int,
+def learning_phase(stamps: Sequence[tuple[float, int, float]], warm_up: int,
                    excluded: Sequence[tuple[float, float]] = ()) -> dict[str, float]:
     """env steps/s between the first stamp with steps >= warm_up and the last stamp, with the
-    `excluded` (start, end) spans inside that window taken out."""
-    t0, s0 = next((t, s) for t, s in stamps if s >= warm_up)
-    t1, s1 = stamps[-1]
+    `excluded` (start, end) spans inside that window taken out. Also: the iterations in the
+    window and the seconds they spent inside `Learner.update` (as the learner measured them)."""
+    first = next(i for i, (_, s, _) in enumerate(stamps) if s >= warm_up)
+    t0, s0, _ = stamps[first]
+    t1, s1, _ = stamps[-1]
     skipped = sum(min(e, t1) - max(b, t0) for b, e in excluded if e > t0 and b < t1)
     seconds = t1 - t0 - skipped
-    return {"steps": s1 - s0, "seconds": seconds, "steps_per_s": (s1 - s0) / seconds}
+    return {
+        "steps": s1 - s0, "seconds": seconds, "steps_per_s": (s1 - s0) / seconds,
+        "iterations": len(stamps) - 1 - first, "update_s": sum(u for _, _, u in stamps[first + 1 :]),
+    }
 
 
 def trainer_overrides(budget: int, warm_up: int, train_every: int | None, output_dir: Path) -> list[str]:
@@ -117,10 +127,11 @@ def trainer_overrides(budget: int, warm_up: int, train_every: int | None, output
     return overrides
 
 
-def run_timed(spec: ExperimentSpec, track: bool, quiet: bool = True, retries: int = 1) -> dict[str, float]:
-    """One Trainer.run(); returns the learning-phase rate and the whole run()'s wall time.
+def run_timed(spec: ExperimentSpec, track: bool, quiet: bool = True, retries: int = 2) -> dict[str, float]:
+    """One Trainer.run(); returns the learning-phase breakdown and the whole run()'s wall time.
     `quiet` hides the progress lines (they go to stderr). If the run fails because the local Ray
-    went away (e.g. something on the machine ran `ray stop`), Ray is restarted and the run repeated."""
+    went away (something on the machine ran `ray stop`, which stops every Ray instance there),
+    Ray is restarted and the run repeated, up to `retries` times."""
     for attempt in range(retries + 1):
         trainer = TimedTrainer(spec, live=False, track=track)
         start = time.perf_counter()
@@ -130,10 +141,22 @@ def run_timed(spec: ExperimentSpec, track: bool, quiet: bool = True, retries: in
         except TrainingError as err:
             if attempt == retries:
                 raise
-            print(f"  ! run failed ({str(err).splitlines()[0]}); restarting Ray and repeating it", flush=True)
-            ray.shutdown()
-            start_ray(spec)
+            print(f"  ! run failed ({str(err).splitlines()[0][:120]}); restarting Ray, repeating the run", flush=True)
+            restart_ray(spec)
             continue
         total = time.perf_counter() - start
         return {**trainer.learning_rate(), "run_wall_s": total}
     raise AssertionError("unreachable")
+
+
+def restart_ray(spec: ExperimentSpec, attempts: int = 3) -> None:
+    for attempt in range(attempts):
+        time.sleep(5.0)
+        ray.shutdown()
+        try:
+            start_ray(spec)
+            return
+        except Exception as err:  # Ray raises several kinds here; retry all
+            if attempt == attempts - 1:
+                raise
+            print(f"  ! Ray did not start ({type(err).__name__}); trying again", flush=True)

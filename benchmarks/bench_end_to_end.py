@@ -6,7 +6,7 @@ Common settings: UTD 1 (one critic + one actor + one temperature update per env 
 env steps, one env, torch.set_num_threads(1) in this process (the aa-ray actors get 1 torch
 thread and OMP_NUM_THREADS=1 from the spec / runtime env).
 
-Contenders (run alternately, A B C ... A B C ...):
+Contenders (run alternately, A B C ..., then ... C B A, and so on):
 - aa-ray (Ray): `Trainer(spec, live=False, track=False).run()` on an embedded local Ray that this
   script starts once beforehand (Ray start-up is not timed). Env runner, replay and learner are
   separate actor processes; collection of iteration k overlaps the learner's update on k-1.
@@ -15,7 +15,8 @@ Contenders (run alternately, A B C ... A B C ...):
   `model.learn(total_timesteps=budget)`.
 - aa-ray (no Ray): `EnvRunner`, `ReplayBuffer`, `Learner` driven in this process with the
   Trainer's iteration structure (sample `train_every` steps; replay.sample + learner.update on
-  `train_every * utd` batches; set_weights; replay.add), sequentially.
+  `train_every * utd` batches with the runners' pending normalizer stats; set_weights;
+  replay.add), sequentially. It mirrors `Trainer._loop`; keep the two in step.
 - the same two aa-ray contenders with `algo.train_every=1` (per-iteration overhead), unless
   `--skip-train-every-1`.
 
@@ -23,7 +24,7 @@ Reported rate: env steps/s over the learning phase only (after the warm-up, to t
 window for every contender; it includes env stepping, acting, replay, updates and weight sync,
 and excludes process/actor start-up, the warm-up phase, evaluation and the final checkpoint.
 
-Run:  .venv/bin/python benchmarks/bench_end_to_end.py [--reps 2] [--budget 3000] [--warm-up 1000]
+Run:  .venv/bin/python benchmarks/bench_end_to_end.py [--reps 3] [--budget 2000] [--warm-up 1000]
 """
 
 from __future__ import annotations
@@ -56,12 +57,26 @@ from aa_ray.runtime.learner import Learner  # noqa: E402
 from aa_ray.runtime.replay import ReplayBuffer  # noqa: E402
 from aa_ray.spec.loader import load_spec  # noqa: E402
 
-
-def run_aa_ray(spec, quiet: bool) -> float:
-    return run_timed(spec, track=False, quiet=quiet)["steps_per_s"]
+DETAILS: dict[str, list[dict[str, float]]] = {}  # per contender: the learning-phase breakdown of each run
 
 
-def run_no_ray(spec) -> float:
+def breakdown(name: str, phase: dict[str, float], updates_per_iter: int) -> float:
+    """Record where the learning phase's time went; returns the env steps/s."""
+    iters = max(phase["iterations"], 1)
+    DETAILS.setdefault(name, []).append({
+        "ms_per_update_in_learner": 1000 * phase["update_s"] / (iters * updates_per_iter),
+        "ms_per_iter_outside_learner": 1000 * (phase["seconds"] - phase["update_s"]) / iters,
+        "ms_per_iter": 1000 * phase["seconds"] / iters,
+    })
+    return phase["steps_per_s"]
+
+
+def run_aa_ray(name: str, spec, quiet: bool) -> float:
+    phase = run_timed(spec, track=False, quiet=quiet)
+    return breakdown(name, phase, spec.algo.train_every * spec.algo.utd_ratio)
+
+
+def run_no_ray(name: str, spec) -> float:
     """The Trainer's iteration, in one process and in sequence."""
     algo = spec.algo
     obs_dim, act_dim = env_dims(spec)
@@ -70,20 +85,21 @@ def run_no_ray(spec) -> float:
     replay = ReplayBuffer(algo.buffer_size, obs_dim, act_dim, seed=spec.seed)
     runner.set_weights(*learner.policy_state())
     steps, learning, pending = 0, False, []
-    stamps: list[tuple[float, int]] = []
+    stamps: list[tuple[float, int, float]] = []
     while steps < spec.budget.env_steps:
         transitions, stats = runner.sample(algo.train_every, steps < algo.warm_up_steps)
+        update_s = 0.0
         if learning:
             batches = replay.sample(algo.train_every * algo.utd_ratio, algo.batch_size)
-            learner.update(batches, pending)
+            update_s = learner.update(batches, pending)["learner/update_time_s"]
             pending = []
             runner.set_weights(*learner.policy_state())
         replay.add(transitions)
         steps += stats["env_steps"]
-        pending.append(stats["obs_moments"])
+        pending.append(stats["norm_stats"])
         learning = learning or steps >= algo.warm_up_steps
-        stamps.append((time.perf_counter(), steps))
-    return learning_phase(stamps, algo.warm_up_steps)["steps_per_s"]
+        stamps.append((time.perf_counter(), steps, update_s))
+    return breakdown(name, learning_phase(stamps, algo.warm_up_steps), algo.train_every * algo.utd_ratio)
 
 
 def run_sb3(budget: int, warm_up: int, seed: int = 0) -> float:
@@ -115,8 +131,8 @@ def run_sb3(budget: int, warm_up: int, seed: int = 0) -> float:
 
 
 def main() -> None:
-    parser = base_parser(__doc__.splitlines()[0], reps=2)
-    parser.add_argument("--budget", type=int, default=3000, help="env steps per run")
+    parser = base_parser(__doc__.splitlines()[0], reps=3)
+    parser.add_argument("--budget", type=int, default=2000, help="env steps per run")
     parser.add_argument("--warm-up", type=int, default=1000, help="random-action steps before learning")
     parser.add_argument("--skip-train-every-1", action="store_true", help="only the spec's train_every")
     parser.add_argument("--ray-worker-niceness", type=int, default=None,
@@ -138,39 +154,48 @@ def main() -> None:
           f"spec train_every {te}, {args.reps} reps; rates = env steps/s in the learning phase")
     print(f"# Ray actors run at nice {info['ray_actor_niceness']}, this process (SB3, no-Ray) at nice {os.nice(0)}")
 
+    ray16, noray16 = f"aa-ray Ray (train_every={te})", f"aa-ray no-Ray (train_every={te})"
+    ray1, noray1 = "aa-ray Ray (train_every=1)", "aa-ray no-Ray (train_every=1)"
     contenders = [
-        (f"aa-ray Ray (train_every={te})", lambda: run_aa_ray(spec, quiet)),
+        (ray16, lambda: run_aa_ray(ray16, spec, quiet)),
         ("SB3 SAC", lambda: run_sb3(args.budget, args.warm_up)),
-        (f"aa-ray no-Ray (train_every={te})", lambda: run_no_ray(spec)),
+        (noray16, lambda: run_no_ray(noray16, spec)),
     ]
     if not args.skip_train_every_1:
         contenders += [
-            ("aa-ray Ray (train_every=1)", lambda: run_aa_ray(spec_te1, quiet)),
-            ("aa-ray no-Ray (train_every=1)", lambda: run_no_ray(spec_te1)),
+            (ray1, lambda: run_aa_ray(ray1, spec_te1, quiet)),
+            (noray1, lambda: run_no_ray(noray1, spec_te1)),
         ]
     names = [n for n, _ in contenders]
     rates = alternate(contenders, args.reps)
 
-    print("\nenv steps/s, learning phase (median over reps)")
-    print_table(["contender", "env steps/s", "min", "max"],
-                [[n, statistics.median(rates[n]), min(rates[n]), max(rates[n])] for n in names])
+    def detail(name: str, key: str) -> float | str:
+        return statistics.median(d[key] for d in DETAILS[name]) if name in DETAILS else "-"
+
+    print("\nenv steps/s, learning phase (median over reps); time per learner iteration: inside")
+    print("Learner.update (as the learner times it) and the rest (acting/env, replay, Ray calls, weights)")
+    print_table(
+        ["contender", "env steps/s", "min", "max", "ms/iter", "ms/update in learner", "ms/iter outside learner"],
+        [[n, statistics.median(rates[n]), min(rates[n]), max(rates[n]), detail(n, "ms_per_iter"),
+          detail(n, "ms_per_update_in_learner"), detail(n, "ms_per_iter_outside_learner")] for n in names],
+    )
     ratios = {
-        "aa-ray Ray / SB3": median_ratio(rates, names[0], names[1]),
-        "aa-ray Ray / aa-ray no-Ray": median_ratio(rates, names[0], names[2]),
-        "aa-ray no-Ray / SB3": median_ratio(rates, names[2], names[1]),
+        f"aa-ray Ray te={te} / SB3": median_ratio(rates, ray16, "SB3 SAC"),
+        f"aa-ray Ray te={te} / aa-ray no-Ray te={te}": median_ratio(rates, ray16, noray16),
+        f"aa-ray no-Ray te={te} / SB3": median_ratio(rates, noray16, "SB3 SAC"),
     }
     if not args.skip_train_every_1:
         ratios.update({
-            "aa-ray Ray te=1 / SB3": median_ratio(rates, names[3], names[1]),
-            f"aa-ray Ray te=1 / te={te}": median_ratio(rates, names[3], names[0]),
-            f"aa-ray no-Ray te=1 / te={te}": median_ratio(rates, names[4], names[2]),
-            "aa-ray Ray te=1 / no-Ray te=1": median_ratio(rates, names[3], names[4]),
+            "aa-ray Ray te=1 / SB3": median_ratio(rates, ray1, "SB3 SAC"),
+            f"aa-ray Ray te=1 / Ray te={te}": median_ratio(rates, ray1, ray16),
+            f"aa-ray no-Ray te=1 / no-Ray te={te}": median_ratio(rates, noray1, noray16),
+            "aa-ray Ray te=1 / no-Ray te=1": median_ratio(rates, ray1, noray1),
         })
     print("\nratios (median of per-rep ratios)")
     print_table(["ratio", "value"], [[k, v] for k, v in ratios.items()])
     write_json(args.json, {
         "bench": "end_to_end", "machine": info, "command": command_line(), "rates": rates, "ratios": ratios,
-        "budget": args.budget, "warm_up": args.warm_up, "train_every": te,
+        "budget": args.budget, "warm_up": args.warm_up, "train_every": te, "breakdown": DETAILS,
     })
 
 

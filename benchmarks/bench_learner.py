@@ -19,7 +19,7 @@ Also measured, to separate compute from data handling: both sides on one pre-mad
 `torch.optim.Adam(fused=True)` (update only): torch's default Adam on the CPU is the per-parameter
 for-loop implementation, while aa-ray's SAC asks for the fused one.
 
-Run:  .venv/bin/python benchmarks/bench_learner.py [--reps 5] [--updates 320] [--profile]
+Run:  .venv/bin/python benchmarks/bench_learner.py [--reps 8] [--updates 80] [--profile] [--flush-denormal]
 """
 
 from __future__ import annotations
@@ -153,16 +153,20 @@ class ReferenceSAC:
 
 # ---- ours -----------------------------------------------------------------------------------
 def random_replay(obs_dim: int, act_dim: int, seed: int = 0) -> ReplayBuffer:
+    """A full replay of random transitions (every field the buffer stores, whatever they are)."""
     rng = np.random.default_rng(seed)
     replay = ReplayBuffer(BUFFER, obs_dim, act_dim, seed=seed)
-    replay.add({
-        "obs": rng.standard_normal((BUFFER, obs_dim), dtype=np.float32),
-        "action": rng.uniform(-1, 1, (BUFFER, act_dim)).astype(np.float32),
-        "reward": rng.standard_normal(BUFFER, dtype=np.float32),
-        "next_obs": rng.standard_normal((BUFFER, obs_dim), dtype=np.float32),
-        "terminated": (rng.random(BUFFER) < 0.01).astype(np.float32),
-        "truncated": np.zeros(BUFFER, np.float32),
-    })
+    special = {
+        "action": lambda shape: rng.uniform(-1, 1, shape),
+        "terminated": lambda shape: rng.random(shape) < 0.01,
+        "truncated": np.zeros,
+        "discount": lambda shape: np.full(shape, 0.99),
+    }
+    chunk = {
+        name: special.get(name, rng.standard_normal)((BUFFER, *array.shape[1:])).astype(array.dtype)
+        for name, array in replay.storage.items()
+    }
+    replay.add(chunk)
     return replay
 
 
@@ -220,44 +224,53 @@ def make_contenders(obs_dim: int, act_dim: int, updates: int):
         ("ours (update only)", ours_compute), ("reference (update only)", reference_compute),
         ("ref fused Adam (update only)", reference_fused_compute),
     ]
-    return contenders, learner, ref, fixed_steps, fixed_ref, per_call, n_updates
+    parts = {"learner": learner, "ref": ref, "ref_fused": ref_fused, "steps": fixed_steps, "ref_batch": fixed_ref,
+             "per_call": per_call, "n_updates": n_updates}
+    return contenders, parts
 
 
-def profile(learner: Learner, ref: ReferenceSAC, steps: list[Batch], ref_batch: tuple, per_call: int) -> None:
+def profile(parts: dict) -> None:
+    """torch.profiler op tables (by self CPU time) of the three update-only contenders."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
+    learner, steps, batch, n = parts["learner"], parts["steps"], parts["ref_batch"], parts["per_call"]
     for name, step in (
         ("ours: SAC.update, one fleet step at a time", lambda: [learner.algo.update(b) for b in steps]),
-        ("reference: ReferenceSAC.update", lambda: [ref.update(*ref_batch) for _ in range(per_call)]),
+        ("reference: ReferenceSAC.update", lambda: [parts["ref"].update(*batch) for _ in range(n)]),
+        ("reference, fused Adam", lambda: [parts["ref_fused"].update(*batch) for _ in range(n)]),
     ):
         for _ in range(5):
             step()
         with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(10):
                 step()
-        print(f"\n## torch.profiler: {name} ({10 * per_call} updates), by self CPU time")
+        print(f"\n## torch.profiler: {name} ({10 * n} updates), by self CPU time")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
 
 
 def main() -> None:
-    parser = base_parser(__doc__.splitlines()[0], reps=5)
-    parser.add_argument("--updates", type=int, default=320, help="updates per contender per repetition")
-    parser.add_argument("--profile", action="store_true", help="print torch.profiler tables of both updates")
+    parser = base_parser(__doc__.splitlines()[0], reps=8)
+    parser.add_argument("--updates", type=int, default=80, help="updates per contender per repetition")
+    parser.add_argument("--profile", action="store_true", help="print torch.profiler tables of the updates")
+    parser.add_argument("--flush-denormal", action="store_true",
+                        help="torch.set_flush_denormal(True) for every contender (see check_denormals.py)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.flush_denormal:
+        torch.set_flush_denormal(True)
     info = machine_info()
     print_machine(info)
-    print(f"# batch {BATCH}, 256x256 MLPs, torch threads {torch.get_num_threads()}, {args.reps} reps, A B A B order")
+    print(f"# batch {BATCH}, 256x256 MLPs, torch threads {torch.get_num_threads()}, {args.reps} reps, "
+          f"alternating A B C / C B A, flush_denormal={args.flush_denormal}")
 
     rows, results = [], {}
     for label, (obs_dim, act_dim) in DIMS.items():
-        contenders, learner, ref, steps, ref_batch, per_call, n_updates = make_contenders(
-            obs_dim, act_dim, args.updates
-        )
+        contenders, parts = make_contenders(obs_dim, act_dim, args.updates)
         for _, fn in contenders:  # warm-up outside the timed repetitions (Adam state, allocator)
             fn()
-        print(f"\n{label}: {n_updates} updates per timing, ours calls Learner.update({per_call} batches)")
+        print(f"\n{label}: {parts['n_updates']} updates per timing, "
+              f"ours calls Learner.update({parts['per_call']} batches)")
         rates = alternate(contenders, args.reps)
         ratio = median_ratio(rates, "ours", "reference")
         ratio_compute = median_ratio(rates, "ours (update only)", "reference (update only)")
@@ -268,7 +281,7 @@ def main() -> None:
         results[label] = {"rates": rates, "median": med, "ratio": ratio, "ratio_update_only": ratio_compute,
                           "ratio_update_only_vs_fused_ref": ratio_fused}
         if args.profile:
-            profile(learner, ref, steps, ref_batch, per_call)
+            profile(parts)
 
     print("\nupdates/s (median over reps); ratio = median of per-rep ours/reference")
     print_table(
@@ -276,7 +289,8 @@ def main() -> None:
          "ref-fused upd-only", "ours/ref-fused upd-only"],
         rows,
     )
-    write_json(args.json, {"bench": "learner", "machine": info, "command": command_line(), "results": results})
+    write_json(args.json, {"bench": "learner", "machine": info, "command": command_line(), "results": results,
+                           "flush_denormal": args.flush_denormal})
 
 
 if __name__ == "__main__":

@@ -6,13 +6,14 @@
   (spec default 10 s); the run's creation (params, tags), the spec artifact, the final flush and
   the checkpoint artifacts happen outside the training loop.
 - off: `track=False`.
-Contenders alternate (on off on off ...) on one embedded Ray started beforehand; torch threads 1.
+Contenders alternate (on off, off on, on off, ...) on one embedded Ray started beforehand; torch
+threads 1 in this process, 1 per actor.
 
 Reported: env steps/s over the learning phase (as bench_end_to_end: after warm-up, to the end,
 evaluation excluded) and the wall time of the whole `Trainer.run()` (actor start-up, MLflow
 run creation and artifact uploads, final checkpoint included). Aim: < 5% difference in env steps/s.
 
-Run:  .venv/bin/python benchmarks/bench_tracking.py [--reps 3] [--budget 3000]
+Run:  .venv/bin/python benchmarks/bench_tracking.py [--reps 3] [--budget 2000]
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from aa_ray.spec.loader import load_spec  # noqa: E402
 
 def main() -> None:
     parser = base_parser(__doc__.splitlines()[0], reps=3)
-    parser.add_argument("--budget", type=int, default=3000, help="env steps per run")
+    parser.add_argument("--budget", type=int, default=2000, help="env steps per run")
     parser.add_argument("--warm-up", type=int, default=1000, help="random-action steps before learning")
     parser.add_argument("--verbose", action="store_true", help="show the Trainer's progress lines")
     args = parser.parse_args()
@@ -66,11 +67,13 @@ def main() -> None:
     quiet = not args.verbose
     results: dict[str, list[dict[str, float]]] = {"tracking on": [], "tracking off": []}
     for rep in range(args.reps):
-        for name, track in (("tracking on", True), ("tracking off", False)):
+        order = (("tracking on", True), ("tracking off", False))
+        for name, track in order if rep % 2 == 0 else order[::-1]:
             r = run_timed(spec, track=track, quiet=quiet)
             results[name].append(r)
             print(f"  rep {rep + 1}/{args.reps}  {name:<13s} {r['steps_per_s']:8.1f} env steps/s  "
-                  f"run() {r['run_wall_s']:6.1f} s  in tracker calls {1000 * r['log_s']:7.1f} ms", flush=True)
+                  f"run() {r['run_wall_s']:6.1f} s  in tracker calls {1000 * r['log_s']:7.1f} ms  "
+                  f"driver CPU {r['driver_cpu_s']:5.2f} s", flush=True)
 
     rates = {k: [r["steps_per_s"] for r in v] for k, v in results.items()}
     walls = {k: [1.0 / r["run_wall_s"] for r in v] for k, v in results.items()}  # as rates: higher is better
@@ -81,9 +84,11 @@ def main() -> None:
     share = statistics.median(r["log_s"] / r["seconds"] for r in results["tracking on"])
     print("\nmedians over reps")
     print_table(
-        ["contender", "env steps/s (learning)", "run() wall s", "ms in tracker calls (learning)"],
+        ["contender", "env steps/s (learning)", "run() wall s", "ms in tracker calls (learning)",
+         "driver CPU s (learning)"],
         [[k, statistics.median(rates[k]), statistics.median(r["run_wall_s"] for r in results[k]),
-          1000 * statistics.median(r["log_s"] for r in results[k])] for k in results],
+          1000 * statistics.median(r["log_s"] for r in results[k]),
+          statistics.median(r["driver_cpu_s"] for r in results[k])] for k in results],
     )
     print()
     print_table(["ratio", "value"], [

@@ -1,6 +1,6 @@
 """Run the three benchmarks (each in its own process) and print a summary of their ratios.
 
-Run:  .venv/bin/python benchmarks/run_all.py      (about 10 minutes on a 2-core machine)
+Run:  .venv/bin/python benchmarks/run_all.py      (about 8 minutes on a quiet 2-core machine)
 Each benchmark's own output (its tables, per-repetition rates) is shown as it runs; the
 arguments used are printed so that any line of the summary can be reproduced alone.
 """
@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, cpu_model, print_table  # noqa: E402
 
 BENCHES = [
-    ("bench_learner.py", ["--reps", "4", "--updates", "160"]),
-    ("bench_end_to_end.py", ["--reps", "2", "--budget", "2500", "--warm-up", "1000"]),
+    ("bench_learner.py", ["--reps", "8", "--updates", "80"]),
+    ("bench_end_to_end.py", ["--reps", "3", "--budget", "2000", "--warm-up", "1000"]),
     ("bench_tracking.py", ["--reps", "3", "--budget", "2000", "--warm-up", "1000"]),
 ]
 

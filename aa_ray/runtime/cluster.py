@@ -28,6 +28,7 @@ def connect(spec: ExperimentSpec) -> bool:
         return True
     needed = sum(bundle.get("CPU", 0) for bundle in spec.bundles())
     ray.init(
+        address="local",  # always a fresh embedded Ray, never a stray `ray start` cluster on this host
         num_cpus=max(math.ceil(needed), os.cpu_count() or 1),
         include_dashboard=False,
         runtime_env={"env_vars": env_vars},
