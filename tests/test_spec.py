@@ -48,7 +48,9 @@ BAD_FILES = [
     (MINIMAL.replace("warm_up_steps: 100", "warm_up_steps: 5000"), "algo.warm_up_steps (5000) must be below budget"),
     ("- just\n- a list\n", "must be a YAML mapping"),
     ("name: [unclosed\n", "not valid YAML"),
-    (MINIMAL + "learners: {num_learners: 2}\n", "learners.num_learners"),
+    (MINIMAL + "learners: {num_learners: 3}\n", "algo.batch_size (256) must be divisible by learners.num_learners (3)"),
+    (MINIMAL + "learners: {backend: nccl}\n", "backend nccl needs GPUs"),
+    (MINIMAL + "runtime: {mode: turbo}\n", "runtime.mode"),
     (MINIMAL.replace("name: sac,", "name: sac_simba, learning_rate_end: 1.0,"), "learning_rate_end"),
 ]
 

@@ -13,6 +13,7 @@ import torch
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 from torch import Tensor, nn
 
+from aa_ray import ddp
 from aa_ray.spec.base import SpecModel
 
 
@@ -96,9 +97,15 @@ class GradientStep:
     """
 
     def __init__(
-        self, optimizer: torch.optim.Optimizer, max_grad_norm: float | None, precision: str, device: torch.device
-    ):  # a MuonWithAdamW is accepted too; the config refuses it with fp16
+        self,
+        optimizer: torch.optim.Optimizer,  # a MuonWithAdamW is accepted too; the config refuses it with fp16
+        max_grad_norm: float | None,
+        precision: str,
+        device: torch.device,
+        average_grads: bool = False,  # for tensors outside DDP modules (SAC's log-temperature)
+    ):
         self.optimizer = optimizer
+        self.average_grads = average_grads
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.max_grad_norm = max_grad_norm
         self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
@@ -109,6 +116,9 @@ class GradientStep:
             loss.backward()
         else:
             self.scaler.scale(loss).backward()
+        if self.average_grads:
+            ddp.average_grads_(self.params)
+        if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         norm = 0.0
         if self.max_grad_norm is not None:

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import copy
 import math
+from functools import partial
 from typing import Literal
 
 import torch
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
+from aa_ray import ddp
 from aa_ray.algos.common import Batch, polyak_update_, tensors_to_cpu
 from aa_ray.algos.knobs import (
     GradientStep,
@@ -72,11 +74,15 @@ class SAC:
         self.target_entropy = -float(act_dim) if cfg.target_entropy is None else cfg.target_entropy
         self.reward_norm = RewardNormalizer(cfg.normalize_reward).to(device)
 
-        step = lambda optimizer: GradientStep(optimizer, cfg.max_grad_norm, cfg.precision, device)  # noqa: E731
+        step = partial(GradientStep, max_grad_norm=cfg.max_grad_norm, precision=cfg.precision, device=device)
         self.actor_step = step(make_optimizer(self.policy.actor, cfg.optimizer, cfg.actor_lr))
         self.critic_step = step(make_optimizer(self.critic, cfg.optimizer, cfg.critic_lr))
-        self.alpha_step = step(torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr))
+        self.alpha_step = step(torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr), average_grads=True)
         self.value_step = step(make_optimizer(self.value, cfg.optimizer, cfg.critic_lr)) if self.value else None
+
+        # several learners: DDP averages the online modules' gradients; targets and normalizers stay plain
+        self.policy_ddp, self.critic_ddp = ddp.wrap(self.policy), ddp.wrap(self.critic)
+        self.value_ddp = ddp.wrap(self.value) if self.value else None
 
     def update(self, batch: Batch, diagnostics: bool = False) -> dict[str, float]:
         """One fleet step's worth of learning: `len(batch)` critic steps, then actor and temperature."""
@@ -101,7 +107,7 @@ class SAC:
                 if self.value is not None:  # BEE: lambda * exploitation + (1 - lambda) * exploration
                     exploit_target = reward + bootstrap * self.value(next_obs).float()
                     next_q_value = self.cfg.bee_lambda * exploit_target + (1 - self.cfg.bee_lambda) * next_q_value
-            q = self.critic(obs, b.action)  # (2, batch)
+            q = self.critic_ddp(obs, b.action)  # (2, batch)
         q_loss = td_loss(q, next_q_value, self.cfg.critic_loss, self.cfg.huber_delta)
         norm = self.critic_step(q_loss, measure=diagnostics)
         polyak_update_(self.critic, self.critic_target, self.cfg.tau)
@@ -124,7 +130,7 @@ class SAC:
             with torch.no_grad():
                 _, log_prob = self.policy(b.obs)
                 target = self.critic_target(obs, b.action).min(dim=0).values - alpha * log_prob
-            v = self.value(obs)
+            v = self.value_ddp(obs)
         v_loss = expectile_loss(v.float(), target.float(), self.cfg.v_quantile)
         norm = self.value_step(v_loss, measure=diagnostics)
         if not diagnostics:
@@ -138,7 +144,7 @@ class SAC:
     def update_actor_and_alpha(self, b: Batch, diagnostics: bool) -> dict[str, float]:
         alpha = self.log_alpha.detach().exp()
         with autocast(self.device, self.cfg.precision):
-            action, log_prob = self.policy(b.obs)
+            action, log_prob = self.policy_ddp(b.obs)
             # the critics only score the action here; skipping their weight gradients saves a third of backward
             self.critic.requires_grad_(False)
             min_q = self.critic(self.policy.obs_norm(b.obs), action).min(dim=0).values

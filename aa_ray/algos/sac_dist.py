@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import copy
 import math
+from functools import partial
 from typing import Literal
 
 import torch
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
+from aa_ray import ddp
 from aa_ray.algos.common import Batch, polyak_update_, tensors_to_cpu
 from aa_ray.algos.knobs import GradientStep, OffPolicyConfig, RewardNormalizer, autocast, make_optimizer
 from aa_ray.nets.distributional import (
@@ -77,10 +79,13 @@ class SACDist:
         half_width = min(-cfg.v_min, cfg.v_max) if cfg.normalize_reward else None
         self.reward_norm = RewardNormalizer(cfg.normalize_reward, v_max=half_width).to(device)
 
-        step = lambda optimizer: GradientStep(optimizer, cfg.max_grad_norm, cfg.precision, device)  # noqa: E731
+        step = partial(GradientStep, max_grad_norm=cfg.max_grad_norm, precision=cfg.precision, device=device)
         self.actor_step = step(make_optimizer(self.policy.actor, cfg.optimizer, cfg.actor_lr))
         self.critic_step = step(make_optimizer(self.critic, cfg.optimizer, cfg.critic_lr))
-        self.alpha_step = step(torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr))
+        self.alpha_step = step(torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr), average_grads=True)
+
+        # several learners: DDP averages the online modules' gradients; targets and normalizers stay plain
+        self.policy_ddp, self.critic_ddp = ddp.wrap(self.policy), ddp.wrap(self.critic)
 
     def update(self, batch: Batch, diagnostics: bool = False) -> dict[str, float]:
         """One fleet step's worth of learning: `len(batch)` critic steps, then actor and temperature."""
@@ -106,7 +111,7 @@ class SACDist:
                 bootstrap = b.discount * (1.0 - b.terminated)
                 soft_reward = reward - bootstrap * alpha * next_log_prob.float()
                 target_probs = project_distribution(next_probs, soft_reward, bootstrap, self.support)
-            logits = self.critic(obs, b.action)  # (2, B, N)
+            logits = self.critic_ddp(obs, b.action)  # (2, B, N)
         log_probs = torch.log_softmax(logits.float(), dim=-1)
         q_loss = -(target_probs * log_probs).sum(-1).mean(-1).sum()  # cross-entropy, summed over the critics
         norm = self.critic_step(q_loss, measure=diagnostics)
@@ -131,7 +136,7 @@ class SACDist:
     def update_actor_and_alpha(self, b: Batch, diagnostics: bool) -> dict[str, float]:
         alpha = self.log_alpha.detach().exp()
         with autocast(self.device, self.cfg.precision):
-            action, log_prob = self.policy(b.obs)
+            action, log_prob = self.policy_ddp(b.obs)
             # the critics only score the action here; skipping their weight gradients saves a third of backward
             self.critic.requires_grad_(False)
             logits = self.critic(self.policy.obs_norm(b.obs), action)

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import copy
 import math
+from functools import partial
 from typing import Literal
 
 import torch
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
+from aa_ray import ddp
 from aa_ray.algos.common import Batch, polyak_update_, tensors_to_cpu
 from aa_ray.algos.knobs import (
     GradientStep,
@@ -75,13 +77,17 @@ class SACSimba:
         self.target_entropy = cfg.target_entropy_per_dim * act_dim
         self.reward_norm = RewardNormalizer(cfg.normalize_reward).to(device)
 
-        step = lambda optimizer: GradientStep(optimizer, cfg.max_grad_norm, cfg.precision, device)  # noqa: E731
+        step = partial(GradientStep, max_grad_norm=cfg.max_grad_norm, precision=cfg.precision, device=device)
         self.actor_step = step(make_optimizer(self.policy.actor, cfg.optimizer, cfg.learning_rate))
         self.critic_step = step(make_optimizer(self.critic, cfg.optimizer, cfg.learning_rate))
-        self.alpha_step = step(torch.optim.Adam([self.log_alpha], lr=cfg.learning_rate))
+        self.alpha_step = step(torch.optim.Adam([self.log_alpha], lr=cfg.learning_rate), average_grads=True)
         self.value_step = step(make_optimizer(self.value, cfg.optimizer, cfg.learning_rate)) if self.value else None
         self.planned_steps = max(planned_steps, 1)
         self.steps_done = 0  # fleet steps learned from, drives the learning-rate decay
+
+        # several learners: DDP averages the online modules' gradients; targets and normalizers stay plain
+        self.policy_ddp, self.critic_ddp = ddp.wrap(self.policy), ddp.wrap(self.critic)
+        self.value_ddp = ddp.wrap(self.value) if self.value else None
 
     def update(self, batch: Batch, diagnostics: bool = False) -> dict[str, float]:
         """SimbaV2's order: actor and temperature first, then `len(batch)` critic steps."""
@@ -102,7 +108,7 @@ class SACSimba:
     def update_actor_and_alpha(self, b: Batch, diagnostics: bool) -> dict[str, float]:
         alpha = self.log_alpha.detach().exp()
         with autocast(self.device, self.cfg.precision):
-            action, log_prob = self.policy(b.obs)
+            action, log_prob = self.policy_ddp(b.obs)
             self.critic.requires_grad_(False)
             min_q = self.critic(self.policy.obs_norm(b.obs), action).min(dim=0).values
             self.critic.requires_grad_(True)
@@ -138,7 +144,7 @@ class SACSimba:
                 if self.value is not None:  # BEE: lambda * exploitation + (1 - lambda) * exploration
                     exploit_target = reward + bootstrap * self.value(next_obs).float()
                     next_q_value = self.cfg.bee_lambda * exploit_target + (1 - self.cfg.bee_lambda) * next_q_value
-            q = self.critic(obs, b.action)
+            q = self.critic_ddp(obs, b.action)
         q_loss = td_loss(q, next_q_value, self.cfg.critic_loss, self.cfg.huber_delta)
         norm = self.critic_step(q_loss, measure=diagnostics)
         normalize_weights_(self.critic)
@@ -161,7 +167,7 @@ class SACSimba:
             with torch.no_grad():
                 _, log_prob = self.policy(b.obs)
                 target = self.critic_target(obs, b.action).min(dim=0).values - alpha * log_prob
-            v = self.value(obs)
+            v = self.value_ddp(obs)
         v_loss = expectile_loss(v.float(), target.float(), self.cfg.v_quantile)
         norm = self.value_step(v_loss, measure=diagnostics)
         normalize_weights_(self.value)

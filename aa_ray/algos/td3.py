@@ -28,6 +28,7 @@ import torch
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 from torch import Tensor
 
+from aa_ray import ddp
 from aa_ray.algos.common import Batch, polyak_update_, tensors_to_cpu
 from aa_ray.algos.knobs import GradientStep, OffPolicyConfig, RewardNormalizer, autocast, make_optimizer, td_loss
 from aa_ray.nets.deterministic import DeterministicPolicy
@@ -69,6 +70,9 @@ class TD3:
         self.actor_step = step(make_optimizer(self.policy.actor, cfg.optimizer, cfg.actor_lr))
         self.critic_step = step(make_optimizer(self.critic, cfg.optimizer, cfg.critic_lr))
 
+        # several learners: DDP averages the online modules' gradients; targets and normalizers stay plain
+        self.policy_ddp, self.critic_ddp = ddp.wrap(self.policy), ddp.wrap(self.critic)
+
     def update(self, batch: Batch, diagnostics: bool = False) -> dict[str, float]:
         """One fleet step's worth of learning: `len(batch)` critic steps; after every
         `policy_delay`-th critic step (counted over the whole run), an actor step on the same
@@ -95,12 +99,12 @@ class TD3:
             # only a true terminal masks the bootstrap
             with torch.no_grad():
                 next_action = torch.tanh(self.actor_target(next_obs)).float()
-                noise = torch.randn_like(next_action) * cfg.target_noise
+                noise = ddp.randn_shard(next_action.shape, next_action.device, next_action.dtype) * cfg.target_noise
                 next_action = smoothed_target_action(next_action, noise, cfg.target_noise_clip)
                 min_next_q = self.critic_target(next_obs, next_action).min(dim=0).values
                 bootstrap = b.discount * (1.0 - b.terminated)
                 next_q_value = reward + bootstrap * min_next_q.float()
-            q = self.critic(obs, b.action)  # (2, batch)
+            q = self.critic_ddp(obs, b.action)  # (2, batch)
         q_loss = td_loss(q, next_q_value, cfg.critic_loss, cfg.huber_delta)
         norm = self.critic_step(q_loss, measure=diagnostics)
 
@@ -120,7 +124,7 @@ class TD3:
 
     def update_actor(self, b: Batch, diagnostics: bool) -> dict[str, float]:
         with autocast(self.device, self.cfg.precision):
-            action = self.policy(b.obs)
+            action = self.policy_ddp(b.obs)
             # the critics only score the action here; skipping their weight gradients saves a third of backward
             self.critic.requires_grad_(False)
             q1 = self.critic(self.policy.obs_norm(b.obs), action)[0]

@@ -8,6 +8,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from aa_ray import ddp
+
 
 class ObsNormalizer(nn.Module):
     """Running mean/variance of observations, merged from per-chunk moments.
@@ -51,7 +53,10 @@ def squashed_gaussian_sample(
 ) -> tuple[Tensor, Tensor]:
     """Reparameterised tanh-Gaussian sample and its log-probability, summed over action dims."""
     std = log_std.exp()
-    noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+    if generator is None:  # training: this learner's rows of the global batch's noise
+        noise = ddp.randn_shard(mean.shape, mean.device, mean.dtype)
+    else:
+        noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
     pre_tanh = mean + std * noise
     action = torch.tanh(pre_tanh)
     gaussian_log_prob = -0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from typing import Any
 
@@ -125,7 +126,7 @@ class EnvRunner:
     observation is a fresh reset and its reward/action mean nothing, so it is never stored.
     """
 
-    def __init__(self, spec: ExperimentSpec, index: int):
+    def __init__(self, spec: ExperimentSpec, index: int, incarnation: int = 0):
         torch.set_num_threads(spec.runners.torch_threads)
         self.spec = spec
         self.index = index
@@ -138,7 +139,8 @@ class EnvRunner:
 
         self.policy = build_policy(spec.algo, obs_dim, act_dim)
         self.policy_version = -1
-        runner_seed = spec.seed * 1_000 + index
+        # a restarted runner (incarnation > 0) gets seeds of its own, not its predecessor's episodes
+        runner_seed = spec.seed * 1_000 + index + 1_000_000 * incarnation
         self.rng = np.random.default_rng(runner_seed)  # warm-up actions
         self.generator = torch.Generator().manual_seed(runner_seed)  # exploration noise
         first_env_seed = runner_seed * self.num_envs
@@ -279,6 +281,9 @@ class EnvRunner:
             out["eval/distance"] = float(distances.mean())
             out["eval/success"] = float(np.mean(distances < 0.05))
         return out
+
+    def pid(self) -> int:
+        return os.getpid()
 
     def rng_state(self) -> dict:
         return {"numpy": self.rng.bit_generator.state, "torch": self.generator.get_state()}

@@ -1,12 +1,22 @@
-"""Learner: owns the algorithm object and turns replay samples into updates and weights."""
+"""Learner: owns the algorithm object and turns replay samples into updates and weights.
+
+With `learners.num_learners: L > 1` there are L of these actors, one torch process group (gloo on
+the CPU, nccl on GPUs) and DDP inside the algorithm (see `aa_ray.ddp`). Setup follows the order
+that keeps the ranks identical: join the group, build modules and targets and optimizers (the
+algorithm wraps its online modules in DDP last), then copy rank 0's whole state to every rank.
+Each learner is given its own shard of every global batch; rank 0 reports metrics and weights.
+"""
 
 from __future__ import annotations
 
+import socket
 import time
+from datetime import timedelta
 from typing import Any
 
-import numpy as np
+import ray
 import torch
+import torch.distributed as dist
 
 from aa_ray.algos import build_algorithm
 from aa_ray.algos.common import Batch
@@ -21,25 +31,69 @@ def learner_device(spec: ExperimentSpec) -> torch.device:
                 "learners.gpus_per_learner > 0 but this learner sees no CUDA device; "
                 "set learners.gpus_per_learner=0 to train on the CPU"
             )
-        return torch.device("cuda")
+        return torch.device("cuda", 0)  # Ray sets CUDA_VISIBLE_DEVICES to this actor's GPU
     return torch.device("cpu")
 
 
+def collective_backend(spec: ExperimentSpec) -> str:
+    if spec.learners.backend != "auto":
+        return spec.learners.backend
+    return "nccl" if spec.learners.gpus_per_learner > 0 else "gloo"
+
+
 class Learner:
-    def __init__(self, spec: ExperimentSpec, obs_dim: int, act_dim: int):
+    def __init__(self, spec: ExperimentSpec, obs_dim: int, act_dim: int, rank: int = 0):
         torch.set_num_threads(spec.learners.torch_threads)
-        torch.manual_seed(spec.seed)
-        self.spec = spec
+        self.spec, self.obs_dim, self.act_dim = spec, obs_dim, act_dim
+        self.rank, self.world_size = rank, spec.learners.num_learners
         self.device = learner_device(spec)
-        planned_steps = spec.budget.env_steps // spec.transitions_per_fleet_step
-        self.algo = build_algorithm(spec.algo, obs_dim, act_dim, self.device, planned_steps)
         self.weights_version = 0
         self.critic_updates = 0
+        self.algo: Any = None
+        if self.world_size == 1:
+            self._build()
 
-    def update(self, samples: dict[str, np.ndarray], norm_stats: list[dict]) -> dict[str, float]:
-        """One learner iteration. `samples` stacks (fleet_steps * utd_ratio, batch) transitions;
-        `norm_stats` are the runners' observation and return moments of the data added since the
-        last call, merged into the normalizers here so they stay frozen during the updates."""
+    # ---- several learners ----------------------------------------------------------------------
+    def rendezvous_address(self) -> str:
+        """Rank 0 publishes where the process group meets: this node's address and a free port."""
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+        return f"{ray.util.get_node_ip_address()}:{port}"
+
+    def join(self, address: str) -> None:
+        """Join the process group at `address` (blocks until all L learners have joined), then
+        build the algorithm and take rank 0's state."""
+        dist.init_process_group(
+            collective_backend(self.spec),
+            init_method=f"tcp://{address}",
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timedelta(seconds=self.spec.learners.collective_timeout_s),
+        )
+        self._build()
+        self._copy_rank0_state()
+
+    def _build(self) -> None:
+        torch.manual_seed(self.spec.seed)  # the same on every rank: their sampling noise stays in lockstep
+        planned_steps = self.spec.budget.env_steps // self.spec.transitions_per_fleet_step
+        self.algo = build_algorithm(self.spec.algo, self.obs_dim, self.act_dim, self.device, planned_steps)
+
+    def _copy_rank0_state(self) -> None:
+        """Targets, normalizers and optimizer moments are not DDP's business: copy them all."""
+        if self.world_size == 1:
+            return
+        holder = [self.state_dict() if self.rank == 0 else None]
+        dist.broadcast_object_list(holder, src=0)
+        if self.rank != 0:
+            self._load(holder[0])
+
+    # ---- training ------------------------------------------------------------------------------
+    def update(self, samples: dict[str, Any], norm_stats: list[dict]) -> dict[str, float]:
+        """One learner iteration. `samples` stacks (fleet_steps * utd_ratio, batch) transitions (this
+        learner's shard of the global batch); `norm_stats` are the runners' observation and return
+        moments of the data added since the last call, merged into the normalizers here so they stay
+        frozen during the updates (every rank merges the same list, so they agree)."""
         start = time.perf_counter()
         for stats in norm_stats:
             self.algo.policy.obs_norm.merge(*stats["obs"])
@@ -69,10 +123,33 @@ class Learner:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._load(state)
+        self._copy_rank0_state()
+
+    def _load(self, state: dict[str, Any]) -> None:
         self.algo.load_state_dict(state["algo"])
         self.weights_version = int(state["weights_version"])
         self.critic_updates = int(state["critic_updates"])
         torch.set_rng_state(state["torch_rng"])
+
+    def parameters_vector(self) -> torch.Tensor:
+        """Every trained and target tensor of the model, flattened (to compare learners)."""
+        tensors = [v for v in _flatten(self.algo.state_dict()) if v.is_floating_point()]
+        return torch.cat([t.detach().reshape(-1).cpu().float() for t in tensors])
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _flatten(tree: Any) -> list[torch.Tensor]:
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, dict):
+        return [t for key in sorted(tree, key=str) for t in _flatten(tree[key])]
+    if isinstance(tree, list | tuple):
+        return [t for item in tree for t in _flatten(item)]
+    return []
 
 
 def _to_cpu(tree: Any) -> Any:

@@ -78,6 +78,12 @@ class ReplayBuffer:
         online = self._draw(num_batches, batch_size - n_prior)
         return {name: np.concatenate([prior[name], online[name]], axis=1) for name in FIELDS}
 
+    def sample_shards(self, num_batches: int, batch_size: int, num_shards: int) -> tuple[dict[str, np.ndarray], ...]:
+        """One global batch as `num_shards` equal shards, one per learner, each its own object so a
+        learner fetches only its rows. Each shard keeps the `[prior | online]` layout at the ratio."""
+        shard_size = batch_size // num_shards
+        return tuple(self.sample(num_batches, shard_size) for _ in range(num_shards))
+
     def _draw(self, num_batches: int, batch_size: int, rng: np.random.Generator | None = None) -> dict:
         if self.size == 0 and batch_size > 0:
             raise RuntimeError("cannot sample from an empty replay buffer")

@@ -1,15 +1,29 @@
-"""The driver: compiles a spec into actors and runs the synchronous training loop.
+"""The driver: compiles a spec into actors and runs the training loop.
 
-One iteration, in submission order (Ray runs each actor's calls in the order submitted, which
-is what keeps sync mode reproducible for a fixed seed):
+Sync mode, one iteration in submission order (Ray runs each actor's calls in the order submitted,
+which is what keeps sync mode reproducible for a fixed seed):
 
     runners.sample(train_every)          # collect with weights v(k-1)
-    replay.sample -> learner.update      # learn from data up to iteration k-1, concurrently
+    replay.sample -> learners.update     # learn from data up to iteration k-1, concurrently
     learner.policy_state -> runners      # weights v(k) reach runners before their next sample
     replay.add(new transitions)          # this iteration's data joins the buffer
 
+Async mode (`runtime.mode: async`): nothing waits for a whole iteration. Each runner always has a
+chunk of `train_every` steps in progress and starts the next one as soon as one returns, with the
+newest weights the learner has published; the learners always have the next update queued behind
+the current one (its batch is sampled while they train). Two throttles keep the run what the spec
+says: the learners take an update only when the runners have collected the env steps it stands
+for (the UTD ratio holds on average), and the runners stop collecting when they are two learner
+updates ahead. A learner update also waits while any runner acts with weights older than
+`runtime.max_policy_lag` versions, which bounds the policy lag logged as `runtime/policy_lag_max`.
+
 Every call is coarse: one per actor per iteration; transitions and weights move between actors
 as object refs and never pass through the driver.
+
+Faults: a runner that dies or raises is replaced in its placement-group bundle (up to
+`runtime.max_runner_restarts`), the event is printed, logged as `runtime/runner_restarts` and
+written to the run's `events.jsonl`; the chunk it was collecting is lost, the replay buffer is not.
+A learner that dies ends the run with an error naming the last checkpoint to resume from.
 
 RLPD (`algo.prior_data` set): the dataset is validated against the spec's env before Ray starts,
 the replay actor loads it into its prior buffer, and every batch it samples is
@@ -20,6 +34,7 @@ observations seed the observation normalizer's statistics.
 
 from __future__ import annotations
 
+import json
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -41,6 +56,8 @@ from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import spec_hash, spec_yaml
 from aa_ray.tracking.mlflow_tracker import MlflowTracker
 
+EVENTS_FILE = "events.jsonl"  # restarts and other runtime events, one JSON object per line
+
 
 class TrainingError(RuntimeError):
     """A run that failed inside an actor; the message is the actor's own error."""
@@ -56,15 +73,41 @@ class Counters:
     evals: list[dict[str, float]] = field(default_factory=list)
 
 
-def get_results(refs: Any) -> Any:
-    """ray.get that surfaces the actor's exception message instead of a Ray traceback."""
-    try:
-        return ray.get(refs)
-    except ray.exceptions.RayTaskError as err:
+@dataclass
+class Window:
+    """What the driver averages between metric logs: throughput, recent episodes, policy lag."""
+
+    start: float = field(default_factory=time.perf_counter)
+    env_steps: int = 0
+    updates: int = 0
+    returns: deque = field(default_factory=lambda: deque(maxlen=20))
+    distances: deque = field(default_factory=lambda: deque(maxlen=20))
+    lags: list[int] = field(default_factory=list)
+
+
+def describe_failure(err: Exception) -> str:
+    """One line for an actor's failure: its own exception, or why the actor is gone."""
+    if isinstance(err, ray.exceptions.RayTaskError):
         cause = err.cause if getattr(err, "cause", None) is not None else err
-        raise TrainingError(f"{type(cause).__name__}: {cause}") from None
-    except ray.exceptions.RayActorError as err:
-        raise TrainingError(f"an actor died: {err}") from None
+        return f"{type(cause).__name__}: {cause}"
+    if isinstance(err, ray.exceptions.RayActorError):
+        return "the actor died" + (f" ({err.error_msg.splitlines()[0]})" if getattr(err, "error_msg", "") else "")
+    return f"{type(err).__name__}: {err}"
+
+
+def get_results(refs: Any) -> Any:
+    """ray.get that surfaces the actor's exception message instead of a Ray traceback. For a list,
+    the first failure is raised as soon as it happens, not after the refs before it finish (a dead
+    learner must not leave the driver waiting on its peers' collective timeout)."""
+    try:
+        if isinstance(refs, list) and len(refs) > 1:
+            pending = list(refs)
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1)
+                ray.get(ready)
+        return ray.get(refs)
+    except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as err:
+        raise TrainingError(describe_failure(err)) from None
 
 
 class Trainer:
@@ -85,9 +128,15 @@ class Trainer:
         self.track = spec.tracking.enabled if track is None else track
         self.live = live
         self.counters = Counters(next_eval=spec.eval.every_env_steps, next_checkpoint=self._every_ckpt())
+        self.window = Window()
         self.tracker: MlflowTracker | None = None
+        self.progress: ProgressDisplay | None = None
         self.last_checkpoint: Path | None = None
         self.prior_info: dict[str, Any] | None = None  # what the replay actor loaded from algo.prior_data
+        self.pending_stats: list[dict] = []  # runners' normalizer moments the learners have not merged yet
+        self.weights: tuple[Any, Any] | None = None  # refs of the newest published (policy state, version)
+        self.runner_restarts = 0
+        self.replay_size = 0
 
     def check_prior_data(self, obs_dim: int, act_dim: int) -> Path | None:
         """Validate `algo.prior_data` against the spec's env (file footers only); DatasetError
@@ -108,28 +157,36 @@ class Trainer:
     def _build(self, obs_dim: int, act_dim: int, prior_path: Path | None) -> None:
         spec = self.spec
         self.group = cluster.reserve(spec)
-        num_learners, num_runners = spec.learners.num_learners, spec.runners.num_runners
         learner_cls = ray.remote(Learner)
-        self.learner = learner_cls.options(
-            num_cpus=spec.learners.cpus_per_learner,
-            num_gpus=spec.learners.gpus_per_learner,
-            scheduling_strategy=cluster.in_bundle(self.group, 0),
-        ).remote(spec, obs_dim, act_dim)
-        runner_cls = ray.remote(EnvRunner)
-        self.runners = [
-            runner_cls.options(
-                num_cpus=spec.runners.cpus_per_runner,
-                scheduling_strategy=cluster.in_bundle(self.group, num_learners + i),
-            ).remote(spec, i)
-            for i in range(num_runners)
+        self.learners = [
+            learner_cls.options(
+                num_cpus=spec.learners.cpus_per_learner,
+                num_gpus=spec.learners.gpus_per_learner,
+                scheduling_strategy=cluster.in_bundle(self.group, rank),
+            ).remote(spec, obs_dim, act_dim, rank)
+            for rank in range(spec.learners.num_learners)
         ]
+        self.runners = [self._make_runner(i) for i in range(spec.runners.num_runners)]
         self.replay = ray.remote(ReplayBuffer).options(
             num_cpus=spec.runtime.replay_cpus,
-            scheduling_strategy=cluster.in_bundle(self.group, num_learners + num_runners),
+            scheduling_strategy=cluster.in_bundle(self.group, spec.learners.num_learners + spec.runners.num_runners),
         ).remote(spec.algo.buffer_size, obs_dim, act_dim, seed=spec.seed)
+        if len(self.learners) > 1:  # rank 0 names the rendezvous; all join one process group
+            address = get_results(self.learners[0].rendezvous_address.remote())
+            get_results([learner.join.remote(address) for learner in self.learners])
         if prior_path is not None:
             ratio, gamma = spec.algo.prior_data_ratio, spec.algo.gamma
             self.prior_info = get_results(self.replay.load_prior.remote(str(prior_path), ratio, gamma, spec.env.id))
+
+    def _make_runner(self, index: int, incarnation: int = 0) -> Any:
+        return (
+            ray.remote(EnvRunner)
+            .options(
+                num_cpus=self.spec.runners.cpus_per_runner,
+                scheduling_strategy=cluster.in_bundle(self.group, self.spec.learners.num_learners + index),
+            )
+            .remote(self.spec, index, incarnation)
+        )
 
     def _restore(self, payload: dict[str, Any]) -> None:
         c = payload["counters"]
@@ -137,20 +194,88 @@ class Trainer:
             env_steps=c["env_steps"], iterations=c["iterations"], episodes=c["episodes"],
             next_eval=c["next_eval"], next_checkpoint=c["env_steps"] + self._every_ckpt(),
         )
-        calls = [self.learner.load_state_dict.remote(payload["learner"])]
+        calls = [learner.load_state_dict.remote(payload["learner"]) for learner in self.learners]
         replay_file = Path(payload["folder"]) / REPLAY_FILE
         if replay_file.is_file():
             calls.append(self.replay.load.remote(str(replay_file), payload["replay"]))
+            self.replay_size = int(payload["replay"]["size"])
         for runner, state in zip(self.runners, payload["runner_rng"], strict=False):
             calls.append(runner.load_rng_state.remote(state))
         get_results(calls)
 
-    def _publish_weights(self) -> None:
-        state_ref, version_ref = self.learner.policy_state.options(num_returns=2).remote()
-        for runner in self.runners:
-            runner.set_weights.remote(state_ref, version_ref)
+    def _request_weights(self) -> tuple[Any, Any]:
+        return self.learners[0].policy_state.options(num_returns=2).remote()
 
-    # ---- the loop ----------------------------------------------------------------------------
+    def _publish_weights(self) -> None:
+        self.weights = self._request_weights()
+        for runner in self.runners:
+            runner.set_weights.remote(*self.weights)
+
+    def _submit_update(self) -> list[Any]:
+        """Queue one learner iteration on every learner: a global batch stack of train_every x utd
+        batches from the replay actor, one shard per learner, and the normalizer moments to merge."""
+        algo, num_learners = self.spec.algo, len(self.learners)
+        num_batches = algo.train_every * algo.utd_ratio
+        if num_learners == 1:
+            shards = [self.replay.sample.remote(num_batches, algo.batch_size)]
+        else:
+            shards = self.replay.sample_shards.options(num_returns=num_learners).remote(
+                num_batches, algo.batch_size, num_learners
+            )
+        updates = [
+            learner.update.remote(shard, self.pending_stats)
+            for learner, shard in zip(self.learners, shards, strict=True)
+        ]
+        self.pending_stats = []
+        return updates
+
+    def _learner_metrics(self, update_refs: list[Any]) -> dict[str, float]:
+        """Rank 0's metrics; a failed learner ends the run, pointing at the checkpoint to resume from."""
+        try:
+            return get_results(update_refs)[0]
+        except TrainingError as err:
+            if self.last_checkpoint is not None:
+                hint = f"resume from the last checkpoint with: aa-ray run SPEC --resume {self.last_checkpoint}"
+            else:
+                hint = "no checkpoint was written before it (checkpoint.every_env_steps sets how often one is)"
+            raise TrainingError(f"a learner failed, so the run stopped ({err}); {hint}") from None
+
+    # ---- faults --------------------------------------------------------------------------------
+    def _runner_stats(self, index: int, stats_ref: Any) -> dict[str, Any] | None:
+        """A runner's chunk statistics, or None after replacing a runner that died or raised."""
+        try:
+            return ray.get(stats_ref)
+        except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as err:
+            self._restart_runner(index, describe_failure(err))
+            return None
+
+    def _restart_runner(self, index: int, reason: str) -> None:
+        self.runner_restarts += 1
+        limit = self.spec.runtime.max_runner_restarts
+        if self.runner_restarts > limit:
+            raise TrainingError(
+                f"env runner {index} failed ({reason}) after runtime.max_runner_restarts={limit} restarts "
+                "in this run; fix the env (or raise the limit) and resume from the last checkpoint"
+            )
+        ray.kill(self.runners[index])  # one whose env raised is still alive and holds its bundle
+        # a new incarnation gets fresh seeds, so it does not replay the episodes its predecessor saw
+        self.runners[index] = self._make_runner(index, incarnation=self.runner_restarts)
+        if self.weights is not None:
+            self.runners[index].set_weights.remote(*self.weights)
+        self._event("runner_restart", runner=index, reason=reason, restarts=self.runner_restarts)
+
+    def _event(self, kind: str, **details: Any) -> None:
+        """Print an event, count it in MLflow and append it to the run's events.jsonl."""
+        event = {"time": datetime.now().isoformat(timespec="seconds"), "env_steps": self.counters.env_steps,
+                 "event": kind, **details}
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.run_dir / EVENTS_FILE, "a") as events:
+            events.write(json.dumps(event) + "\n")
+        if self.progress is not None:
+            self.progress.message(f"event: {kind} " + ", ".join(f"{k}={v}" for k, v in details.items()))
+        self._log({"runtime/runner_restarts": float(self.runner_restarts)}, self.counters.env_steps)
+
+    # ---- the run -------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         obs_dim, act_dim = env_dims(self.spec)  # a spec whose env cannot be made stops here
         prior_path = self.check_prior_data(obs_dim, act_dim)  # so does a dataset that does not fit it
@@ -167,7 +292,7 @@ class Trainer:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
                 (self.run_dir / "spec.yaml").write_text(spec_yaml(self.spec))
                 self.tracker.log_artifact(self.run_dir / "spec.yaml", "spec")
-            result = self._loop()
+            result = self._train()
             status = "FINISHED"
             return result
         except KeyboardInterrupt:
@@ -175,92 +300,24 @@ class Trainer:
             raise
         finally:
             if self.tracker is not None:
+                if (self.run_dir / EVENTS_FILE).is_file():
+                    self.tracker.log_artifact(self.run_dir / EVENTS_FILE)
                 self.tracker.finish(status)
             if hasattr(self, "group"):
-                for actor in [self.learner, self.replay, *self.runners]:
+                for actor in [*self.learners, self.replay, *self.runners]:
                     ray.kill(actor)
                 ray.util.remove_placement_group(self.group)
             if started_ray:
                 ray.shutdown()
 
-    def _loop(self) -> dict[str, Any]:
-        spec, algo, c = self.spec, self.spec.algo, self.counters
-        pending_stats: list[dict] = []
+    def _train(self) -> dict[str, Any]:
+        c = self.counters
         if self.prior_info is not None and self.resume is None:  # a resumed normalizer already holds them
-            pending_stats.append({"obs": self.prior_info["obs"], "return": (0, 0.0, 1.0, 0.0)})
-        recent_returns: deque[float] = deque(maxlen=20)
-        recent_distances: deque[float] = deque(maxlen=20)
-        window_start, window_steps, window_updates = time.perf_counter(), 0, 0
-        replay_size = 0
-        learning = c.env_steps >= algo.warm_up_steps and c.env_steps > 0  # never sample an empty buffer
-        stop_reason = "budget"
-        with ProgressDisplay(spec.name, spec.budget.env_steps, live=self.live) as progress:
-            while c.env_steps < spec.budget.env_steps:
-                random_actions = c.env_steps < algo.warm_up_steps
-                sampled = [
-                    r.sample.options(num_returns=2).remote(algo.train_every, random_actions) for r in self.runners
-                ]
-                update_ref = None
-                if learning:
-                    num_updates = algo.train_every * algo.utd_ratio
-                    batches_ref = self.replay.sample.remote(num_updates, algo.batch_size)
-                    update_ref = self.learner.update.remote(batches_ref, pending_stats)
-                    pending_stats = []
-                    self._publish_weights()
-                size_ref = self.replay.add.remote(*[transitions for transitions, _ in sampled])
-
-                stats = get_results([s for _, s in sampled])
-                metrics: dict[str, float] = get_results(update_ref) if update_ref is not None else {}
-                replay_size = get_results(size_ref)
-                c.iterations += 1
-                for s in stats:
-                    c.env_steps += s["env_steps"]
-                    window_steps += s["env_steps"]
-                    pending_stats.append(s["norm_stats"])
-                    for episode in s["episodes"]:
-                        c.episodes += 1
-                        recent_returns.append(episode["return"])
-                        if "final_distance" in episode:
-                            recent_distances.append(episode["final_distance"])
-                if update_ref is not None:
-                    window_updates += algo.train_every * algo.utd_ratio
-                learning = learning or (c.env_steps >= algo.warm_up_steps and c.env_steps > 0)
-
-                elapsed = time.perf_counter() - window_start
-                metrics.update({
-                    "env/steps": c.env_steps,
-                    "env/episodes": c.episodes,
-                    "replay/size": replay_size,
-                    "replay/fill": replay_size / algo.buffer_size,
-                })
-                if self.prior_info is not None:
-                    metrics["replay/prior_size"] = self.prior_info["rows"]
-                if elapsed > 2.0:
-                    metrics["env/steps_per_s"] = window_steps / elapsed
-                    metrics["learner/updates_per_s"] = window_updates / elapsed
-                    window_start, window_steps, window_updates = time.perf_counter(), 0, 0
-                if recent_returns:
-                    metrics["train/episode_return"] = float(np.mean(recent_returns))
-                if recent_distances:
-                    metrics["train/final_distance"] = float(np.mean(recent_distances))
-
-                done = c.env_steps >= spec.budget.env_steps
-                if c.env_steps >= c.next_eval or done:
-                    evaluation = self._evaluate()
-                    metrics.update(evaluation)
-                    c.next_eval = (c.env_steps // spec.eval.every_env_steps + 1) * spec.eval.every_env_steps
-                    if self._target_reached(evaluation):
-                        stop_reason = "target reached"
-                        done = True
-                self._log(metrics, c.env_steps)
-                progress.update(c.env_steps, metrics)
-                if c.env_steps >= c.next_checkpoint and not done:
-                    self.save_checkpoint(f"step_{c.env_steps:09d}")
-                    c.next_checkpoint += self._every_ckpt()
-                    progress.message(f"checkpoint: {self.last_checkpoint}")
-                if done:
-                    break
-
+            self.pending_stats.append({"obs": self.prior_info["obs"], "return": (0, 0.0, 1.0, 0.0)})
+        with ProgressDisplay(self.spec.name, self.spec.budget.env_steps, live=self.live) as progress:
+            self.progress = progress
+            loop = self._loop_async if self.spec.runtime.mode == "async" else self._loop_sync
+            stop_reason = loop() if c.env_steps < self.spec.budget.env_steps else "budget"
             final = self.save_checkpoint("final")
             progress.message(
                 f"done ({stop_reason}) at {c.env_steps:,} env steps; last eval "
@@ -276,12 +333,179 @@ class Trainer:
             "checkpoint": str(final),
             "run_dir": str(self.run_dir),
             "mlflow_run_id": self.tracker.run_id if self.tracker else None,
-            "replay_size": replay_size,
+            "replay_size": self.replay_size,
             "prior_size": self.prior_info["rows"] if self.prior_info else 0,
+            "runner_restarts": self.runner_restarts,
         }
 
+    def _learning_started(self) -> bool:
+        # a run resumed from a checkpoint without its replay refills the buffer before sampling it
+        algo = self.spec.algo
+        refilled = self.replay_size >= min(algo.batch_size, max(algo.warm_up_steps, 1))
+        return self.counters.env_steps >= algo.warm_up_steps and refilled
+
+    def _loop_sync(self) -> str:
+        spec, algo, c = self.spec, self.spec.algo, self.counters
+        learning = self._learning_started()
+        while True:
+            random_actions = c.env_steps < algo.warm_up_steps
+            sampled = [r.sample.options(num_returns=2).remote(algo.train_every, random_actions) for r in self.runners]
+            update_refs = []
+            if learning:
+                update_refs = self._submit_update()
+                self._publish_weights()
+            collected = []
+            for index, (transitions, stats_ref) in enumerate(sampled):
+                stats = self._runner_stats(index, stats_ref)
+                if stats is not None:
+                    collected.append((transitions, stats))
+            size_ref = self.replay.add.remote(*[transitions for transitions, _ in collected])
+            metrics = self._learner_metrics(update_refs) if update_refs else {}
+            self.replay_size = get_results(size_ref)
+            c.iterations += 1
+            self._account([stats for _, stats in collected])
+            if update_refs:
+                self.window.updates += algo.train_every * algo.utd_ratio
+            learning = learning or self._learning_started()
+            stop_reason = self._end_of_iteration(metrics)
+            if stop_reason is not None:
+                return stop_reason
+            if c.env_steps >= spec.budget.env_steps:
+                return "budget"
+
+    def _loop_async(self) -> str:
+        spec, algo, c = self.spec, self.spec.algo, self.counters
+        iteration_steps = algo.train_every * spec.transitions_per_fleet_step  # env steps one update stands for
+        chunk_steps = algo.train_every * spec.runners.envs_per_runner
+        depth = min(2, spec.runtime.max_policy_lag)  # learner updates queued at once
+        published = int(get_results(self.weights[1]))
+        runner_version = [published] * len(self.runners)
+        chunks: dict[Any, tuple[int, Any, int]] = {}  # stats ref -> (runner, transitions ref, weights version)
+        updates: deque[tuple[list[Any], tuple[Any, Any]]] = deque()  # (update refs, weights refs)
+        idle = set(range(len(self.runners)))
+        submitted = completed = 0
+
+        def may_collect() -> bool:
+            # never more than `depth` updates ahead of what the learner has already published, and
+            # never more than two updates' worth of env steps ahead of the learner
+            ahead = c.env_steps + len(chunks) * chunk_steps - algo.warm_up_steps
+            return len(updates) <= spec.runtime.max_policy_lag and ahead < (completed + 2) * iteration_steps
+
+        def may_update() -> bool:
+            if len(updates) >= depth or not self._learning_started():
+                return False
+            if submitted * iteration_steps > c.env_steps - algo.warm_up_steps:  # UTD: wait for the data
+                return False
+            next_version = published + len(updates) + 1
+            oldest = min((version for _, _, version in chunks.values()), default=published)
+            return next_version - oldest <= spec.runtime.max_policy_lag
+
+        while c.env_steps < spec.budget.env_steps:
+            for index in sorted(idle):
+                if not may_collect():
+                    break
+                if runner_version[index] != published:
+                    self.runners[index].set_weights.remote(*self.weights)
+                    runner_version[index] = published
+                random_actions = c.env_steps + len(chunks) * chunk_steps < algo.warm_up_steps
+                transitions, stats_ref = self.runners[index].sample.options(num_returns=2).remote(
+                    algo.train_every, random_actions
+                )
+                chunks[stats_ref] = (index, transitions, published)
+                idle.discard(index)
+            while may_update():
+                updates.append((self._submit_update(), self._request_weights()))
+                submitted += 1
+            waiting = list(chunks) + ([updates[0][0][0]] if updates else [])
+            [ready], _ = ray.wait(waiting, num_returns=1)
+
+            if ready in chunks:
+                index, transitions, version = chunks.pop(ready)
+                idle.add(index)
+                stats = self._runner_stats(index, ready)
+                if stats is None:
+                    runner_version[index] = -1  # the replacement gets weights with its first chunk
+                    continue
+                self.replay_size = get_results(self.replay.add.remote(transitions))
+                self.window.lags.append(published - version)
+                self._account([stats])
+                if submitted == 0 or c.env_steps >= spec.budget.env_steps:  # warm-up, or the last chunk
+                    stop_reason = self._end_of_iteration({})
+                    if stop_reason is not None:
+                        return stop_reason
+                continue
+
+            update_refs, self.weights = updates.popleft()
+            metrics = self._learner_metrics(update_refs)
+            completed += 1
+            published += 1
+            c.iterations += 1
+            self.window.updates += algo.train_every * algo.utd_ratio
+            learned_fleet_steps = max(c.env_steps - algo.warm_up_steps, 1) / spec.transitions_per_fleet_step
+            critic_updates = completed * algo.train_every * algo.utd_ratio
+            metrics["runtime/updates_per_fleet_step"] = critic_updates / learned_fleet_steps
+            metrics["runtime/policy_version"] = float(published)
+            stop_reason = self._end_of_iteration(metrics)
+            if stop_reason is not None:
+                return stop_reason
+        return "budget"
+
+    def _account(self, chunk_stats: list[dict[str, Any]]) -> None:
+        """Count the env steps and episodes of finished chunks; queue their normalizer moments."""
+        c, w = self.counters, self.window
+        for stats in chunk_stats:
+            c.env_steps += stats["env_steps"]
+            w.env_steps += stats["env_steps"]
+            self.pending_stats.append(stats["norm_stats"])
+            for episode in stats["episodes"]:
+                c.episodes += 1
+                w.returns.append(episode["return"])
+                if "final_distance" in episode:
+                    w.distances.append(episode["final_distance"])
+
+    def _end_of_iteration(self, metrics: dict[str, float]) -> str | None:
+        """Log, evaluate and checkpoint when due; the stop reason once the run is over."""
+        spec, c, w = self.spec, self.counters, self.window
+        metrics |= {
+            "env/steps": c.env_steps,
+            "env/episodes": c.episodes,
+            "replay/size": self.replay_size,
+            "replay/fill": self.replay_size / spec.algo.buffer_size,
+        }
+        if self.prior_info is not None:
+            metrics["replay/prior_size"] = self.prior_info["rows"]
+        elapsed = time.perf_counter() - w.start
+        if elapsed > 2.0:
+            metrics["env/steps_per_s"] = w.env_steps / elapsed
+            metrics["learner/updates_per_s"] = w.updates / elapsed
+            if w.lags:
+                metrics["runtime/policy_lag_mean"] = float(np.mean(w.lags))
+                metrics["runtime/policy_lag_max"] = float(max(w.lags))
+            w.start, w.env_steps, w.updates, w.lags = time.perf_counter(), 0, 0, []
+        if w.returns:
+            metrics["train/episode_return"] = float(np.mean(w.returns))
+        if w.distances:
+            metrics["train/final_distance"] = float(np.mean(w.distances))
+
+        stop_reason = "budget" if c.env_steps >= spec.budget.env_steps else None
+        if c.env_steps >= c.next_eval or stop_reason:
+            evaluation = self._evaluate()
+            metrics.update(evaluation)
+            c.next_eval = (c.env_steps // spec.eval.every_env_steps + 1) * spec.eval.every_env_steps
+            if self._target_reached(evaluation):
+                stop_reason = "target reached"
+        self._log(metrics, c.env_steps)
+        self.progress.update(c.env_steps, metrics)
+        if c.env_steps >= c.next_checkpoint and stop_reason is None:
+            self.save_checkpoint(f"step_{c.env_steps:09d}")
+            c.next_checkpoint += self._every_ckpt()
+            self.progress.message(f"checkpoint: {self.last_checkpoint}")
+        return stop_reason
+
     def _evaluate(self) -> dict[str, float]:
-        evaluation = get_results(self.runners[0].evaluate.remote(self.spec.eval.episodes))
+        evaluator = self.runners[0]
+        evaluator.set_weights.remote(*self.weights)  # async: it may still act with older weights
+        evaluation = get_results(evaluator.evaluate.remote(self.spec.eval.episodes))
         evaluation["eval/at_env_steps"] = float(self.counters.env_steps)
         self.counters.evals.append(evaluation)
         return evaluation
@@ -323,6 +547,6 @@ class Trainer:
         return folder
 
     def _collect_state(self) -> tuple[dict, dict, list]:
-        learner_ref, replay_ref = self.learner.state_dict.remote(), self.replay.state.remote()
+        learner_ref, replay_ref = self.learners[0].state_dict.remote(), self.replay.state.remote()
         rng_refs = [r.rng_state.remote() for r in self.runners]
         return get_results(learner_ref), get_results(replay_ref), get_results(rng_refs)

@@ -50,19 +50,24 @@ class RunnersSpec(SpecModel):
 
 
 class LearnersSpec(SpecModel):
-    num_learners: PositiveInt = Field(1, description="L: learner actors (L > 1 means torch DDP)")
+    num_learners: PositiveInt = Field(
+        1, description="L: learner actors (L > 1 means torch DDP, each on 1/L of the global batch)"
+    )
     cpus_per_learner: PositiveFloat = Field(1.0, description="CPUs reserved per learner actor")
     gpus_per_learner: NonNegativeFloat = Field(0.0, description="GPUs per learner; > 0 trains on CUDA")
     torch_threads: PositiveInt = Field(1, description="torch threads inside each learner")
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="collective backend for L > 1: auto = nccl with GPUs, gloo on the CPU"
+    )
+    collective_timeout_s: PositiveFloat = Field(
+        300.0, description="how long a learner waits for the others in a collective before failing"
+    )
 
-    @field_validator("num_learners")
-    @classmethod
-    def _single_learner_for_now(cls, num_learners: int) -> int:
-        if num_learners != 1:
-            raise ValueError(
-                "more than one learner (torch DDP) is not available in this version; set 1"
-            )
-        return num_learners
+    @model_validator(mode="after")
+    def _backend_fits_device(self) -> LearnersSpec:
+        if self.backend == "nccl" and self.gpus_per_learner == 0:
+            raise ValueError("backend nccl needs GPUs: set learners.gpus_per_learner > 0 or backend gloo")
+        return self
 
 
 class BudgetSpec(SpecModel):
@@ -94,7 +99,17 @@ class TrackingSpec(SpecModel):
 
 
 class RuntimeSpec(SpecModel):
-    mode: Literal["sync"] = Field("sync", description="sync: collection and updates in lockstep")
+    mode: Literal["sync", "async"] = Field(
+        "sync",
+        description="sync: collection and updates in lockstep (reproducible); async: runners keep collecting "
+        "while the learners train",
+    )
+    max_policy_lag: PositiveInt = Field(
+        2, description="async: a runner's weights are at most this many learner updates old"
+    )
+    max_runner_restarts: NonNegativeInt = Field(
+        3, description="restart a crashed env runner this many times in a run before giving up"
+    )
     replay_cpus: PositiveFloat = Field(0.5, description="CPUs reserved for the replay actor")
     output_dir: str = Field("runs", min_length=1, description="where run folders and checkpoints go")
     resource_timeout_s: PositiveFloat = Field(
@@ -121,6 +136,11 @@ class ExperimentSpec(SpecModel):
             raise ValueError(
                 f"algo.warm_up_steps ({self.algo.warm_up_steps}) must be below budget.env_steps "
                 f"({self.budget.env_steps}), or training never starts"
+            )
+        if self.algo.batch_size % self.learners.num_learners:
+            raise ValueError(
+                f"algo.batch_size ({self.algo.batch_size}) must be divisible by learners.num_learners "
+                f"({self.learners.num_learners}): each learner trains on an equal shard of the batch"
             )
         if self.algo.batch_size > self.algo.buffer_size:
             raise ValueError(

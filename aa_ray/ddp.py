@@ -1,0 +1,72 @@
+"""What changes in an algorithm when L learner actors train one model with torch DDP.
+
+Each learner holds the full model and trains on its own shard of the global batch. The algorithm
+files call three helpers, all no-ops with a single learner (so one learner computes exactly what
+it computed before DDP existed):
+
+- `wrap(module)`: DDP around an *online* module, used only for the forward pass whose loss is
+  back-propagated (DDP averages those gradients across learners). Targets, normalizers and
+  checkpoints use the plain module, so state dicts carry no `module.` prefix and a checkpoint
+  from L=2 loads under L=1 and the reverse.
+- `average_grads_(params)`: the same for a bare tensor such as SAC's log-temperature.
+- `randn_shard(shape)`: training noise. Every learner draws the *global* batch's noise from the
+  same seeded generator and keeps its rows, so L learners see the noise one learner would see and
+  their random streams stay in lockstep.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+
+# torch >= 2.13 renamed the switch; both leave the initial broadcast on, which is what we want
+_NO_BUFFER_SYNC = (
+    {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+    else {"broadcast_buffers": False}
+)
+
+
+def rank_and_size() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def wrap(module: nn.Module) -> nn.Module:
+    """DDP over `module` when several learners train, else `module` itself. Buffers (running
+    normalizers) are not broadcast on every forward: the learner synchronizes them explicitly."""
+    if rank_and_size()[1] == 1:
+        return module
+    device_ids = [module_device(module).index] if module_device(module).type == "cuda" else None
+    return DistributedDataParallel(module, device_ids=device_ids, **_NO_BUFFER_SYNC)
+
+
+def module_device(module: nn.Module) -> torch.device:
+    return next(module.parameters()).device
+
+
+def average_grads_(params: Iterable[Tensor]) -> None:
+    """Mean of the gradients over learners, for parameters that are not inside a DDP module."""
+    _, size = rank_and_size()
+    if size == 1:
+        return
+    for p in params:
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+            p.grad /= size
+
+
+def randn_shard(shape: torch.Size | tuple[int, ...], device: torch.device, dtype: torch.dtype) -> Tensor:
+    """Standard normal noise for this learner's rows of the global batch (first dim = batch)."""
+    rank, size = rank_and_size()
+    if size == 1:
+        return torch.randn(shape, device=device, dtype=dtype)
+    rows = shape[0]
+    full = torch.randn((rows * size, *shape[1:]), device=device, dtype=dtype)
+    return full[rank * rows : (rank + 1) * rows]
