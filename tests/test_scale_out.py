@@ -79,11 +79,13 @@ def test_two_gloo_learners_stay_identical_and_match_one_learner(local_ray: None,
 
 
 def test_checkpoints_move_between_one_and_two_learners(tmp_path: Path) -> None:
-    """A run with L=2 checkpoints unwrapped state; L=1 resumes it and the reverse (a resumed run
-    continues in its run folder, so each step reads its final checkpoint before the next)."""
+    """A run with L=2 checkpoints unwrapped state; L=1 resumes it (in async mode, refilling the
+    replay the checkpoint did not keep) and the reverse. A resumed run continues in its run
+    folder, so each stage reads its final checkpoint before the next."""
     checkpoint, env_steps, critic_updates = None, [], []
-    for num_learners, budget in [(2, 600), (1, 900), (2, 1200)]:
-        s = spec(*SMALL_SAC, f"learners.num_learners={num_learners}", f"budget.env_steps={budget}")
+    for num_learners, budget, mode in [(2, 600, "sync"), (1, 900, "async"), (2, 1200, "sync")]:
+        s = spec(*SMALL_SAC, f"learners.num_learners={num_learners}", f"budget.env_steps={budget}",
+                 f"runtime.mode={mode}")
         payload = load_checkpoint(checkpoint) if checkpoint else None
         result = Trainer(s, run_dir=tmp_path / "run", resume=payload, live=False).run()
         checkpoint = Path(result["checkpoint"])

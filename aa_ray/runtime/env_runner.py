@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from typing import Any
 
@@ -281,9 +280,6 @@ class EnvRunner:
             out["eval/distance"] = float(distances.mean())
             out["eval/success"] = float(np.mean(distances < 0.05))
         return out
-
-    def pid(self) -> int:
-        return os.getpid()
 
     def rng_state(self) -> dict:
         return {"numpy": self.rng.bit_generator.state, "torch": self.generator.get_state()}

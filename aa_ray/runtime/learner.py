@@ -137,10 +137,6 @@ class Learner:
         tensors = [v for v in _flatten(self.algo.state_dict()) if v.is_floating_point()]
         return torch.cat([t.detach().reshape(-1).cpu().float() for t in tensors])
 
-    def shutdown(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
 
 def _flatten(tree: Any) -> list[torch.Tensor]:
     if isinstance(tree, torch.Tensor):

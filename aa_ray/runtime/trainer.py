@@ -377,24 +377,28 @@ class Trainer:
         spec, algo, c = self.spec, self.spec.algo, self.counters
         iteration_steps = algo.train_every * spec.transitions_per_fleet_step  # env steps one update stands for
         chunk_steps = algo.train_every * spec.runners.envs_per_runner
-        depth = min(2, spec.runtime.max_policy_lag)  # learner updates queued at once
+        # learner updates queued at once; a chunk starting now may see all of them land, so the
+        # queue is never deeper than the lag bound
+        depth = min(2, spec.runtime.max_policy_lag)
         published = int(get_results(self.weights[1]))
         runner_version = [published] * len(self.runners)
         chunks: dict[Any, tuple[int, Any, int]] = {}  # stats ref -> (runner, transitions ref, weights version)
         updates: deque[tuple[list[Any], tuple[Any, Any]]] = deque()  # (update refs, weights refs)
         idle = set(range(len(self.runners)))
         submitted = completed = 0
+        learn_start: int | None = None  # env steps when learning started (warm-up, or a refill on resume)
 
         def may_collect() -> bool:
-            # never more than `depth` updates ahead of what the learner has already published, and
+            if learn_start is None:
+                return True
             # never more than two updates' worth of env steps ahead of the learner
-            ahead = c.env_steps + len(chunks) * chunk_steps - algo.warm_up_steps
-            return len(updates) <= spec.runtime.max_policy_lag and ahead < (completed + 2) * iteration_steps
+            ahead = c.env_steps + len(chunks) * chunk_steps - learn_start
+            return ahead < (completed + 2) * iteration_steps
 
         def may_update() -> bool:
-            if len(updates) >= depth or not self._learning_started():
+            if learn_start is None or len(updates) >= depth:
                 return False
-            if submitted * iteration_steps > c.env_steps - algo.warm_up_steps:  # UTD: wait for the data
+            if submitted * iteration_steps > c.env_steps - learn_start:  # UTD: wait for the data
                 return False
             next_version = published + len(updates) + 1
             oldest = min((version for _, _, version in chunks.values()), default=published)
@@ -413,6 +417,8 @@ class Trainer:
                 )
                 chunks[stats_ref] = (index, transitions, published)
                 idle.discard(index)
+            if learn_start is None and self._learning_started():
+                learn_start = c.env_steps
             while may_update():
                 updates.append((self._submit_update(), self._request_weights()))
                 submitted += 1
@@ -441,7 +447,7 @@ class Trainer:
             published += 1
             c.iterations += 1
             self.window.updates += algo.train_every * algo.utd_ratio
-            learned_fleet_steps = max(c.env_steps - algo.warm_up_steps, 1) / spec.transitions_per_fleet_step
+            learned_fleet_steps = max(c.env_steps - learn_start, 1) / spec.transitions_per_fleet_step
             critic_updates = completed * algo.train_every * algo.utd_ratio
             metrics["runtime/updates_per_fleet_step"] = critic_updates / learned_fleet_steps
             metrics["runtime/policy_version"] = float(published)
