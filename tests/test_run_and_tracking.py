@@ -4,10 +4,13 @@ afterwards, and resuming a run from its checkpoint into the same MLflow run."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -127,6 +130,7 @@ def test_ray_address_joins_an_existing_cluster(tmp_path: Path) -> None:
     ray_bin = Path(sys.executable).parent / "ray"
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
     port = "6391"
+    temp_dir = tempfile.mkdtemp(prefix="aa_ray_", dir="/tmp")  # short: Ray's socket paths live under it
     start = subprocess.run(
         [
             str(ray_bin),
@@ -138,6 +142,7 @@ def test_ray_address_joins_an_existing_cluster(tmp_path: Path) -> None:
             "4",
             "--include-dashboard=false",
             "--disable-usage-stats",
+            f"--temp-dir={temp_dir}",
         ],
         capture_output=True,
         text=True,
@@ -174,4 +179,20 @@ def test_ray_address_joins_an_existing_cluster(tmp_path: Path) -> None:
         )
         assert status.returncode == 0  # still up after the run
     finally:
-        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, env=env, timeout=120)
+        stop_cluster(temp_dir)
+
+
+def stop_cluster(temp_dir: str) -> None:
+    """Stop only the cluster whose processes live under `temp_dir`: `ray stop` would stop every
+    Ray on the machine, a user's runs included."""
+    cluster = [
+        process
+        for process in psutil.process_iter(["cmdline"])
+        if any(temp_dir in part for part in process.info["cmdline"] or [])
+    ]
+    for process in cluster:
+        process.terminate()
+    _, alive = psutil.wait_procs(cluster, timeout=30)
+    for process in alive:
+        process.kill()
+    shutil.rmtree(temp_dir, ignore_errors=True)
