@@ -46,12 +46,21 @@ def fixed_batches(rng: np.random.Generator, num_batches: int, batch_size: int, o
     }
 
 
-@pytest.mark.parametrize("algo_file", ["sac.yaml", "td3.yaml"])
+MLP = ["algo.hidden_dims=[32,32]"]
+SIMBA = ["algo.critic_hidden_dim=32", "algo.actor_hidden_dim=16"]
+SMALL_NETS = {  # spec file -> smaller networks, same algorithm (BEE's V, C51, SimbaV2's projections)
+    "sac.yaml": MLP, "sac_bee.yaml": MLP, "sac_dist.yaml": [*MLP, "algo.num_atoms=21"], "td3.yaml": MLP,
+    "sac_simba.yaml": SIMBA, "sac_dist_simba.yaml": [*SIMBA, "algo.num_atoms=21"],
+}
+
+
+@pytest.mark.parametrize("algo_file", SMALL_NETS)
 def test_two_gloo_learners_stay_identical_and_match_one_learner(local_ray: None, algo_file: str) -> None:
     """Two DDP learners, each fed half of every global batch, end with identical models, equal
     (within float tolerance) to one learner fed the whole batches: gradient averaging, the
-    explicitly synchronized normalizers and the sharded sampling noise all line up."""
-    overrides = ["algo.hidden_dims=[32,32]", "algo.batch_size=64", "algo.utd_ratio=2", "algo.normalize_obs=true"]
+    explicitly synchronized normalizers and the sharded sampling noise all line up, in every
+    variant of the family."""
+    overrides = [*SMALL_NETS[algo_file], "algo.batch_size=64", "algo.utd_ratio=2", "algo.normalize_obs=true"]
     one = spec(*overrides, file=algo_file)
     two = spec(*overrides, "learners.num_learners=2", file=algo_file)
     obs_dim, act_dim = 8, 2

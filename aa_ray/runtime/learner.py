@@ -64,6 +64,8 @@ class Learner:
     def join(self, address: str) -> None:
         """Join the process group at `address` (blocks until all L learners have joined), then
         build the algorithm and take rank 0's state."""
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # nccl's object broadcast uses the current device
         dist.init_process_group(
             collective_backend(self.spec),
             init_method=f"tcp://{address}",
