@@ -1,6 +1,6 @@
-"""Run the three benchmarks (each in its own process) and print a summary of their ratios.
+"""Run the benchmarks (each in its own process) and print a summary of their ratios.
 
-Run:  .venv/bin/python benchmarks/run_all.py      (about 8 minutes on a quiet 2-core machine)
+Run:  .venv/bin/python benchmarks/run_all.py      (about 20 minutes on a quiet 2-core machine)
 Each benchmark's own output (its tables, per-repetition rates) is shown as it runs; the
 arguments used are printed so that any line of the summary can be reproduced alone.
 """
@@ -21,6 +21,7 @@ BENCHES = [
     ("bench_learner.py", ["--reps", "8", "--updates", "80"]),
     ("bench_end_to_end.py", ["--reps", "3", "--budget", "2000", "--warm-up", "1000"]),
     ("bench_tracking.py", ["--reps", "3", "--budget", "2000", "--warm-up", "1000"]),
+    ("bench_scale_out.py", ["--part", "all", "--reps", "5"]),
 ]
 
 
@@ -55,6 +56,14 @@ def main() -> None:
         rows.append(["tracking env steps/s, MLflow on / off", r["ratio_steps_per_s"]])
         rows.append(["  share of learning window inside MLflow calls", r["tracker_share"]])
         rows.append(["  Trainer.run() wall time, on / off", r["ratio_run_wall"]])
+    if "bench_scale_out.py" in results:
+        r = results["bench_scale_out.py"]
+        for name, value in r["fleet"].items():
+            rows.append([f"HalfCheetah collection env steps/s, {name} / 1 runner", value["ratio"]])
+        for name, value in r["replay"].items():
+            rows.append([f"batches/s, {name} / one learner's consumption", value["ratio"]])
+        rows.append(["learner updates/s, L=2 gloo / L=1 (same global batch)", r["ddp"]["ratio_L2_vs_L1"]])
+        rows.append(["env steps/s to a fixed budget, async / sync", r["async"]["speedup_async_vs_sync"]])
     print(f"\n===== summary (median ratios; machine: {cpu_model()}, see each section for rates)")
     print_table(["ratio", "value"], rows)
     if failed:
