@@ -24,7 +24,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-# torch >= 2.13 renamed the switch; both leave the initial broadcast on, which is what we want
+# torch >= 2.13 calls the switch forward_sync_buffers. Either way buffers are not re-broadcast on
+# every forward: the learner copies rank 0's whole state (buffers included) after building.
 _NO_BUFFER_SYNC = (
     {"forward_sync_buffers": False}
     if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
