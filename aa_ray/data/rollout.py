@@ -122,7 +122,7 @@ def rollout(
     runners: list[Any] = []
     group = None
     try:
-        group = _reserve_runners(spec)
+        group = cluster.reserve(spec, bundles=[{"CPU": spec.runners.cpus_per_runner}] * spec.runners.num_runners)
         runners = [
             ray.remote(EnvRunner)
             .options(num_cpus=spec.runners.cpus_per_runner, scheduling_strategy=cluster.in_bundle(group, i))
@@ -179,22 +179,3 @@ def rollout(
             ray.util.remove_placement_group(group)
         if started_ray:
             ray.shutdown()
-
-
-def _reserve_runners(spec: ExperimentSpec) -> Any:
-    """A placement group of just the runner bundles; ResourceError if it cannot be placed in time."""
-    import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
-
-    from aa_ray.runtime.cluster import ResourceError
-
-    bundles = [{"CPU": spec.runners.cpus_per_runner}] * spec.runners.num_runners
-    group = placement_group(bundles, strategy="PACK")
-    ready, _ = ray.wait([group.ready()], timeout=spec.runtime.resource_timeout_s)
-    if not ready:
-        remove_placement_group(group)
-        raise ResourceError(
-            f"the cluster could not place the runner bundles {bundles} within {spec.runtime.resource_timeout_s:g}s "
-            f"(available now: {ray.available_resources()})."
-        )
-    return group

@@ -37,9 +37,10 @@ def connect(spec: ExperimentSpec) -> bool:
     return True
 
 
-def reserve(spec: ExperimentSpec) -> PlacementGroup:
-    """Create the run's placement group; fail fast (naming the resource) if it cannot be placed."""
-    bundles = spec.bundles()
+def reserve(spec: ExperimentSpec, bundles: list[dict[str, float]] | None = None) -> PlacementGroup:
+    """Create the run's placement group (`spec.bundles()` unless `bundles` is given); fail fast,
+    naming the resource, if the cluster cannot hold it or cannot place it in time."""
+    bundles = spec.bundles() if bundles is None else bundles
     wanted: dict[str, float] = {}
     for bundle in bundles:
         for resource, amount in bundle.items():
