@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -26,6 +25,7 @@ from _common import (  # noqa: E402
     median_ratio,
     print_machine,
     print_table,
+    random_transitions,
     write_json,
 )
 
@@ -49,19 +49,7 @@ def learner_rate(spec_file: str, updates: int) -> Callable[[], float]:
     spec = load_spec(SPECS / spec_file, ["algo.utd_ratio=1", "algo.prior_data=null"])
     learner = Learner(spec, OBS_DIM, ACT_DIM)
     replay = ReplayBuffer(50_000, OBS_DIM, ACT_DIM, seed=0)
-    rng = np.random.default_rng(0)
-    n = 20_000
-    replay.add(
-        {
-            "obs": rng.normal(size=(n, OBS_DIM)).astype(np.float32),
-            "action": rng.uniform(-1, 1, (n, ACT_DIM)).astype(np.float32),
-            "reward": -rng.uniform(0, 0.3, n).astype(np.float32),
-            "next_obs": rng.normal(size=(n, OBS_DIM)).astype(np.float32),
-            "terminated": np.zeros(n, np.float32),
-            "truncated": np.zeros(n, np.float32),
-            "discount": np.full(n, 0.99, np.float32),
-        }
-    )
+    replay.add(random_transitions(20_000, OBS_DIM, ACT_DIM))
     batch = spec.algo.batch_size
 
     def run() -> float:

@@ -19,7 +19,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -31,6 +30,7 @@ from _common import (  # noqa: E402
     median_ratio,
     print_machine,
     print_table,
+    random_transitions,
     write_json,
 )
 
@@ -40,19 +40,6 @@ from aa_ray.runtime.replay import ReplayBuffer  # noqa: E402
 from aa_ray.spec.loader import load_spec  # noqa: E402
 
 OBS_DIM, ACT_DIM = 10, 2  # pusher-reach
-
-
-def filled_replay(n: int = 50_000, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {
-        "obs": rng.normal(size=(n, OBS_DIM)).astype(np.float32),
-        "action": rng.uniform(-1, 1, (n, ACT_DIM)).astype(np.float32),
-        "reward": -rng.uniform(0, 0.3, n).astype(np.float32),
-        "next_obs": rng.normal(size=(n, OBS_DIM)).astype(np.float32),
-        "terminated": np.zeros(n, np.float32),
-        "truncated": np.zeros(n, np.float32),
-        "discount": np.full(n, 0.99, np.float32),
-    }
 
 
 def part_fleet(args) -> dict:
@@ -83,10 +70,10 @@ def part_replay(args) -> dict:
     algo = spec.algo
     num_batches = algo.train_every * algo.utd_ratio
     replay = ray.remote(ReplayBuffer).options(num_cpus=0.5).remote(100_000, OBS_DIM, ACT_DIM, seed=0)
-    ray.get(replay.add.remote(filled_replay()))
+    ray.get(replay.add.remote(random_transitions(50_000, OBS_DIM, ACT_DIM)))
     learner = Learner(spec, OBS_DIM, ACT_DIM)
     local = ReplayBuffer(100_000, OBS_DIM, ACT_DIM, seed=0)
-    local.add(filled_replay())
+    local.add(random_transitions(50_000, OBS_DIM, ACT_DIM))
 
     def served(shards: int) -> float:  # global batches/s, sampled by the actor and fetched by the driver
         calls = 20
@@ -127,7 +114,7 @@ def part_ddp(args) -> dict:
     address = ray.get(pair[0].rendezvous_address.remote())
     ray.get([learner.join.remote(address) for learner in pair])
     local = ReplayBuffer(100_000, OBS_DIM, ACT_DIM, seed=0)
-    local.add(filled_replay())
+    local.add(random_transitions(50_000, OBS_DIM, ACT_DIM))
     batch = one.algo.batch_size
     whole = ray.put(local.sample(args.updates, batch))
     halves = [ray.put(local.sample(args.updates, batch // 2)) for _ in range(2)]

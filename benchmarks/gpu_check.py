@@ -12,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,6 +28,9 @@ def main() -> int:
         print("gpu_check: skipped, torch sees no CUDA device on this machine")
         return 0
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _common import random_transitions
+
     from aa_ray.runtime.learner import Learner
     from aa_ray.runtime.replay import ReplayBuffer
     from aa_ray.spec.loader import load_spec
@@ -40,17 +42,7 @@ def main() -> int:
     )
     learner = Learner(spec, OBS_DIM, ACT_DIM)
     replay = ReplayBuffer(200_000, OBS_DIM, ACT_DIM, seed=0)
-    rng = np.random.default_rng(0)
-    n = 200_000
-    replay.add({
-        "obs": rng.normal(size=(n, OBS_DIM)).astype(np.float32),
-        "action": rng.uniform(-1, 1, (n, ACT_DIM)).astype(np.float32),
-        "reward": rng.normal(size=n).astype(np.float32),
-        "next_obs": rng.normal(size=(n, OBS_DIM)).astype(np.float32),
-        "terminated": np.zeros(n, np.float32),
-        "truncated": np.zeros(n, np.float32),
-        "discount": np.full(n, 0.99, np.float32),
-    })
+    replay.add(random_transitions(200_000, OBS_DIM, ACT_DIM))
     chunk = 20
     learner.update(replay.sample(chunk, args.batch), [])  # warm-up: CUDA context, kernels, allocator
     torch.cuda.synchronize()
