@@ -1,4 +1,5 @@
-"""`aa-ray` command line: run and validate experiment specs; record transition datasets."""
+"""`aa-ray` command line: run and validate experiment specs, record transition datasets, run
+Tune sweeps and multi-stage pipelines."""
 
 from __future__ import annotations
 
@@ -45,6 +46,15 @@ def _parser() -> argparse.ArgumentParser:
     rollout.add_argument(
         "--deterministic", action="store_true", help="with --checkpoint: the policy's mean action, no sampling"
     )
+
+    sweep = commands.add_parser("sweep", help="a Ray Tune search over spec keys (see specs/sweeps/)")
+    sweep.add_argument("spec", help="path to a YAML sweep spec")
+    sweep.add_argument("--no-track", action="store_true", help="do not record the sweep in MLflow")
+
+    pipeline = commands.add_parser("pipeline", help="train / rollout / train stages as Tune trials (specs/pipelines/)")
+    pipeline.add_argument("spec", help="path to a YAML pipeline spec")
+    pipeline.add_argument("--force", action="store_true", help="rerun every stage, even unchanged completed ones")
+    pipeline.add_argument("--no-track", action="store_true", help="do not record the pipeline in MLflow")
     return parser
 
 
@@ -65,6 +75,8 @@ def _fail(message: str, code: int = 2) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in ("sweep", "pipeline"):
+        return _tune_command(args)
     try:
         spec = load_spec(args.spec, args.overrides)
     except SpecError as err:
@@ -78,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         except SpecError as err:
             return _fail(str(err))
         print(f"# env {spec.env.id}: obs_dim {obs_dim}, act_dim {act_dim}")
-        if spec.algo.prior_data is not None:
+        if spec.prior_data is not None:
             from aa_ray.data.dataset import DatasetError
 
             try:
@@ -126,7 +138,7 @@ def _prior_data_note(spec: ExperimentSpec, obs_dim: int, act_dim: int) -> str:
     shipped specs validate before anyone made one); one that does not fit the env is a DatasetError."""
     from aa_ray.data.dataset import read_dataset
 
-    path = Path(spec.algo.prior_data).expanduser()
+    path = Path(spec.prior_data).expanduser()
     if not path.exists():
         return f"{path} does not exist yet (`aa-ray run` needs it; make it with `aa-ray rollout`)"
     dataset = read_dataset(path, expect_env_id=spec.env.id, expect_obs_dim=obs_dim, expect_act_dim=act_dim)
@@ -157,6 +169,36 @@ def _rollout(spec: ExperimentSpec, args: argparse.Namespace) -> int:
         line += f", mean final distance {summary['mean_final_distance']:.4g}"
     print(line + ")")
     return 0
+
+
+def _tune_command(args: argparse.Namespace) -> int:
+    from aa_ray.tune.specs import load_pipeline, load_sweep
+
+    try:  # everything in the file is checked before Ray starts
+        loaded = load_sweep(args.spec) if args.command == "sweep" else load_pipeline(args.spec)
+    except SpecError as err:
+        return _fail(str(err))
+    try:
+        if args.command == "sweep":
+            from aa_ray.tune.sweep import run_sweep, trials_table
+
+            outcome = run_sweep(loaded, track=not args.no_track)
+            print(trials_table(outcome, loaded.spec.metric))
+            failed = [t for t in outcome["trials"] if t["error"]]
+            if outcome["best"] is None:
+                return _fail(f"no trial of the sweep finished; see {outcome['root']}", code=1)
+            return 1 if failed else 0
+        from aa_ray.tune.pipeline import PipelineError, run_pipeline
+
+        try:
+            outcome = run_pipeline(loaded, force=args.force, track=not args.no_track)
+        except PipelineError as err:
+            return _fail(str(err), code=1)
+        for name, stage in outcome["stages"].items():
+            print(f"{name}: {stage['status']}  {stage['output']}")
+        return 0
+    except KeyboardInterrupt:
+        return _fail("interrupted", code=130)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """What changes in an algorithm when L learner actors train one model with torch DDP.
 
 Each learner holds the full model and trains on its own shard of the global batch. The algorithm
-files call three helpers, all no-ops with a single learner (so one learner computes exactly what
+files call these helpers, all no-ops with a single learner (so one learner computes exactly what
 it computed before DDP existed):
 
 - `wrap(module)`: DDP around an *online* module, used only for the forward pass whose loss is
@@ -9,6 +9,7 @@ it computed before DDP existed):
   checkpoints use the plain module, so state dicts carry no `module.` prefix and a checkpoint
   from L=2 loads under L=1 and the reverse.
 - `average_grads_(params)`: the same for a bare tensor such as SAC's log-temperature.
+- `global_mean`, `global_mean_std`: statistics over every learner's rows (PPO).
 - `randn_shard(shape)`: training noise. Every learner draws the *global* batch's noise from the
   same seeded generator and keeps its rows, so L learners see the noise one learner would see and
   their random streams stay in lockstep.
@@ -71,3 +72,25 @@ def randn_shard(shape: torch.Size | tuple[int, ...], device: torch.device, dtype
     rows = shape[0]
     full = torch.randn((rows * size, *shape[1:]), device=device, dtype=dtype)
     return full[rank * rows : (rank + 1) * rows]
+
+
+def global_mean(value: Tensor) -> Tensor:
+    """The mean of a scalar over learners (e.g. PPO's KL, so every learner adapts its lr alike)."""
+    _, size = rank_and_size()
+    if size == 1:
+        return value
+    total = value.detach().clone()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total / size
+
+
+def global_mean_std(values: Tensor) -> tuple[Tensor, Tensor]:
+    """Mean and standard deviation of `values` over every learner's rows (the global batch)."""
+    _, size = rank_and_size()
+    if size == 1:
+        return values.mean(), values.std()
+    moments = torch.stack([values.new_tensor(values.numel()), values.sum(), values.pow(2).sum()])
+    dist.all_reduce(moments, op=dist.ReduceOp.SUM)
+    count, total, squares = moments
+    mean = total / count
+    return mean, ((squares - count * mean.pow(2)) / (count - 1)).clamp_min(0).sqrt()

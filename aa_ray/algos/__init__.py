@@ -8,13 +8,14 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from aa_ray.algos import sac, sac_dist, sac_dist_simba, sac_simba, td3
+from aa_ray.algos import ppo, sac, sac_dist, sac_dist_simba, sac_simba, td3
 
 
 class Registered(NamedTuple):
     config: type  # the pydantic config, discriminated by its `name` literal
     algorithm: type  # built as algorithm(config, obs_dim, act_dim, device, planned_steps)
     make_policy: Any  # (config, obs_dim, act_dim) -> the acting module env runners load
+    on_policy: bool = False  # learns from fresh rollouts (no replay), e.g. PPO
 
 
 ALGORITHMS: dict[str, Registered] = {
@@ -25,11 +26,16 @@ ALGORITHMS: dict[str, Registered] = {
     "sac_dist_simba": Registered(
         sac_dist_simba.SACDistSimbaConfig, sac_dist_simba.SACDistSimba, sac_dist_simba.make_policy
     ),
+    "ppo": Registered(ppo.PPOConfig, ppo.PPO, ppo.make_policy, on_policy=True),
 }
 
 
 def build_algorithm(cfg: Any, obs_dim: int, act_dim: int, device: torch.device, planned_steps: int) -> Any:
     return ALGORITHMS[cfg.name].algorithm(cfg, obs_dim, act_dim, device, planned_steps)
+
+
+def is_on_policy(cfg: Any) -> bool:
+    return ALGORITHMS[cfg.name].on_policy
 
 
 def build_policy(cfg: Any, obs_dim: int, act_dim: int) -> nn.Module:

@@ -84,6 +84,10 @@ def dataset_meta(spec: ExperimentSpec, producer: str) -> DatasetMeta:
         envs.close()
 
 
+def rollout_bundles(spec: ExperimentSpec) -> list[dict[str, float]]:
+    return [{"CPU": spec.runners.cpus_per_runner}] * spec.runners.num_runners
+
+
 def rollout(
     spec: ExperimentSpec,
     out: str | Path,
@@ -120,12 +124,12 @@ def rollout(
 
     started_ray = cluster.connect(spec)
     runners: list[Any] = []
-    group = None
+    owns_group = False
     try:
-        group = cluster.reserve(spec, bundles=[{"CPU": spec.runners.cpus_per_runner}] * spec.runners.num_runners)
+        group, offset, owns_group = cluster.placement(spec, rollout_bundles(spec))
         runners = [
             ray.remote(EnvRunner)
-            .options(num_cpus=spec.runners.cpus_per_runner, scheduling_strategy=cluster.in_bundle(group, i))
+            .options(num_cpus=spec.runners.cpus_per_runner, scheduling_strategy=cluster.in_bundle(group, offset + i))
             .remote(spec, i)
             for i in range(spec.runners.num_runners)
         ]
@@ -175,7 +179,7 @@ def rollout(
     finally:
         for runner in runners:
             ray.kill(runner)
-        if group is not None:
+        if owns_group:
             ray.util.remove_placement_group(group)
         if started_ray:
             ray.shutdown()

@@ -16,9 +16,10 @@ class ResourceError(RuntimeError):
     """The cluster cannot hold the actors the spec asks for."""
 
 
-def connect(spec: ExperimentSpec) -> bool:
-    """Join `RAY_ADDRESS` when set, else start an embedded local Ray sized for the spec.
-    Returns True when this call started Ray (and so should shut it down)."""
+def connect(spec: ExperimentSpec | None, cpus: float | None = None) -> bool:
+    """Join `RAY_ADDRESS` when set, else start an embedded local Ray sized for the spec (or for
+    `cpus`, e.g. a sweep's concurrent trials). Returns True when this call started Ray (and so
+    should shut it down)."""
     if ray.is_initialized():
         return False
     # Workers inherit these: one BLAS/OpenMP thread each, torch threads are set per actor.
@@ -26,7 +27,7 @@ def connect(spec: ExperimentSpec) -> bool:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(runtime_env={"env_vars": env_vars}, log_to_driver=True)
         return True
-    needed = sum(bundle.get("CPU", 0) for bundle in spec.bundles())
+    needed = cpus if cpus is not None else sum(bundle.get("CPU", 0) for bundle in spec.bundles())
     ray.init(
         address="local",  # always a fresh embedded Ray, never a stray `ray start` cluster on this host
         num_cpus=max(math.ceil(needed), os.cpu_count() or 1),
@@ -61,6 +62,20 @@ def reserve(spec: ExperimentSpec, bundles: list[dict[str, float]] | None = None)
             f"(available now: {ray.available_resources()}); other jobs may hold the resources."
         )
     return group
+
+
+def placement(
+    spec: ExperimentSpec, bundles: list[dict[str, float]] | None = None
+) -> tuple[PlacementGroup, int, bool]:
+    """(group, bundle offset, whether the caller owns the group) for a run's actors (`spec.bundles()`
+    unless `bundles` is given). Inside a Tune trial the trial's own placement group already holds
+    them after bundle 0, the trial's driver (see `aa_ray.tune.trials`); anywhere else the run
+    reserves its own group."""
+    bundles = spec.bundles() if bundles is None else bundles
+    current = ray.util.get_current_placement_group()
+    if current is not None and current.bundle_specs[1:] == bundles:
+        return current, 1, False
+    return reserve(spec, bundles), 0, True
 
 
 def in_bundle(group: PlacementGroup, index: int) -> PlacementGroupSchedulingStrategy:

@@ -18,12 +18,17 @@ from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import SpecError
 
 
-def make_vector_env(spec: ExperimentSpec, num_envs: int) -> gym.vector.VectorEnv:
+def make_vector_env(spec: ExperimentSpec, num_envs: int, same_step_reset: bool = False) -> gym.vector.VectorEnv:
+    """E copies of the spec's env. By default a finished env resets on the *next* step (gymnasium's
+    default); `same_step_reset` resets it within the step that ended the episode and reports the
+    final observation in `info["final_obs"]`, which keeps on-policy rollouts free of reset rows."""
     import aa_ray.envs  # noqa: F401  (registers aa_ray/PusherReach-v0 in this process)
 
     kwargs = dict(spec.env.kwargs)
     if spec.env.max_episode_steps is not None:
         kwargs["max_episode_steps"] = spec.env.max_episode_steps
+    if same_step_reset:
+        kwargs["vector_kwargs"] = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
     # "sync" keeps the E copies in this actor's process: parallelism comes from more runners
     return gym.make_vec(spec.env.id, num_envs=num_envs, vectorization_mode="sync", **kwargs)
 
@@ -123,6 +128,8 @@ class EnvRunner:
 
     Gymnasium 1.x vector envs reset a finished env on the *next* `step` call: that step's
     observation is a fresh reset and its reward/action mean nothing, so it is never stored.
+    On-policy runners (`sample_rollout`) reset within the step instead, so every row of a rollout
+    is a real transition.
     """
 
     def __init__(self, spec: ExperimentSpec, index: int, incarnation: int = 0):
@@ -130,7 +137,7 @@ class EnvRunner:
         self.spec = spec
         self.index = index
         self.num_envs = spec.runners.envs_per_runner
-        self.envs = make_vector_env(spec, self.num_envs)
+        self.envs = make_vector_env(spec, self.num_envs, same_step_reset=spec.on_policy)
         act_space = self.envs.single_action_space
         self.act_low, self.act_high = act_space.low.astype(np.float32), act_space.high.astype(np.float32)
         obs_dim, act_dim = self.envs.single_observation_space.shape[0], act_space.shape[0]
@@ -148,7 +155,8 @@ class EnvRunner:
         self.episodes = EpisodeTracker(self.num_envs)
         self.gamma = spec.algo.gamma
         self.running_return = np.zeros(self.num_envs)  # discounted, raw rewards: feeds reward normalization
-        self.nstep = NStepWindow(self.num_envs, spec.algo.n_step, self.gamma) if spec.algo.n_step > 1 else None
+        n_step = getattr(spec.algo, "n_step", 1)
+        self.nstep = NStepWindow(self.num_envs, n_step, self.gamma) if n_step > 1 else None
         self.eval_envs: gym.vector.VectorEnv | None = None
         self.recorder: EpisodeRecorder | None = None  # rollout() state, made on first use
 
@@ -203,6 +211,48 @@ class EnvRunner:
             },
         }
         return transitions, stats
+
+    def sample_rollout(self, num_steps: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """On-policy: step every env `num_steps` times with the current policy. Returns (rollout of
+        shape (num_steps, E, ...), stats): sampled actions with their log-probs, V(s), and V(s') of
+        the true next observation (the final one when an episode ended in this step)."""
+        shape = (num_steps, self.num_envs)
+        obs = np.empty((*shape, self.obs.shape[1]), np.float32)
+        next_obs = np.empty_like(obs)
+        rollout = {
+            "action": np.empty((*shape, self.act_dim), np.float32),
+            "log_prob": np.empty(shape, np.float32),
+            "reward": np.empty(shape, np.float32),
+            "terminated": np.empty(shape, np.float32),
+            "truncated": np.empty(shape, np.float32),
+        }
+        returns = np.empty(shape)
+        every_env = np.ones(self.num_envs, dtype=bool)
+        for t in range(num_steps):
+            action, log_prob = self.policy.explore(self.obs, self.generator)
+            reset_obs, reward, terminated, truncated, info = self.envs.step(self.to_env_action(np.clip(action, -1, 1)))
+            done = terminated | truncated
+            obs[t], next_obs[t] = self.obs, reset_obs
+            for i in np.flatnonzero(done):  # the env already reset: its episode ended at final_obs
+                next_obs[t, i] = info["final_obs"][i]
+            rollout["action"][t], rollout["log_prob"][t], rollout["reward"][t] = action, log_prob, reward
+            rollout["terminated"][t], rollout["truncated"][t] = terminated, truncated
+            returns[t] = self.running_return = self.gamma * self.running_return + reward
+            self.running_return[done] = 0.0
+            self.episodes.step(reward, done, every_env, info["final_info"] if done.any() else info)
+            self.obs = reset_obs
+        # one batched critic pass over the whole chunk, not one per step
+        rollout["obs"] = obs
+        rollout["value"] = self.policy.value(obs.reshape(-1, obs.shape[-1])).reshape(shape)
+        rollout["next_value"] = self.policy.value(next_obs.reshape(-1, obs.shape[-1])).reshape(shape)
+        flat = obs.reshape(-1, obs.shape[-1]).astype(np.float64)
+        stats = {
+            "env_steps": num_steps * self.num_envs,
+            "episodes": self.episodes.pop(),
+            "policy_version": self.policy_version,
+            "norm_stats": {"obs": (len(flat), flat.mean(0), flat.var(0)), "return": return_moments(returns.ravel())},
+        }
+        return rollout, stats
 
     def _transitions(self, buf: dict[str, np.ndarray], valid: np.ndarray) -> dict[str, np.ndarray]:
         """Stored transitions: every real step (1-step), or the n-step windows completed so far."""

@@ -14,12 +14,14 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import numpy as np
 import ray
 import torch
 import torch.distributed as dist
 
 from aa_ray.algos import build_algorithm
 from aa_ray.algos.common import Batch
+from aa_ray.algos.ppo import Rollout
 from aa_ray.spec.experiment import ExperimentSpec
 
 
@@ -111,6 +113,22 @@ class Learner:
         self.weights_version += 1
         info["learner/update_time_s"] = time.perf_counter() - start
         info["learner/critic_updates"] = float(self.critic_updates)
+        return info
+
+    def update_rollouts(self, norm_stats: list[dict], *rollouts: dict[str, Any]) -> dict[str, float]:
+        """One on-policy update on the runners' rollouts, each (train_every, E, ...): this learner
+        takes its share of the envs. The normalizers take the rollouts' statistics only after the
+        update, so the update sees the observations exactly as the acting policy did."""
+        start = time.perf_counter()
+        columns = {key: np.concatenate([r[key] for r in rollouts], axis=1) for key in rollouts[0]}
+        share = columns["reward"].shape[1] // self.world_size
+        mine = {key: value[:, self.rank * share : (self.rank + 1) * share] for key, value in columns.items()}
+        info = self.algo.update(Rollout.from_numpy(mine, self.device))
+        for stats in norm_stats:
+            self.algo.policy.obs_norm.merge(*stats["obs"])
+            self.algo.reward_norm.merge(*stats["return"])
+        self.weights_version += 1
+        info["learner/update_time_s"] = time.perf_counter() - start
         return info
 
     def policy_state(self) -> tuple[dict[str, torch.Tensor], int]:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -54,7 +55,7 @@ from aa_ray.runtime.progress import ProgressDisplay
 from aa_ray.runtime.replay import ReplayBuffer
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import spec_hash, spec_yaml
-from aa_ray.tracking.mlflow_tracker import MlflowTracker
+from aa_ray.tracking.mlflow_tracker import MlflowTracker, RunContext
 
 EVENTS_FILE = "events.jsonl"  # restarts and other runtime events, one JSON object per line
 
@@ -110,6 +111,11 @@ def get_results(refs: Any) -> Any:
         raise TrainingError(describe_failure(err)) from None
 
 
+# Called after each evaluation and checkpoint with the iteration's metrics and the checkpoint folder
+# written at that point (None if none was); a Tune trial reports both to Tune with it.
+Reporter = Callable[[dict[str, float], Path | None], None]
+
+
 class Trainer:
     def __init__(
         self,
@@ -118,10 +124,15 @@ class Trainer:
         resume: dict[str, Any] | None = None,
         track: bool | None = None,
         live: bool | None = None,
+        context: RunContext | None = None,
+        reporter: Reporter | None = None,
     ):
         self.spec = spec
         self.resume = resume
-        if resume is not None:
+        self.context = context
+        self.reporter = reporter
+        self.last_metrics: dict[str, float] = {}
+        if resume is not None and run_dir is None:
             run_dir = Path(resume["folder"]).parent.parent
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         self.run_dir = run_dir or Path(spec.runtime.output_dir) / f"{spec.name}-{spec_hash(spec)[:8]}-{stamp}"
@@ -141,9 +152,9 @@ class Trainer:
     def check_prior_data(self, obs_dim: int, act_dim: int) -> Path | None:
         """Validate `algo.prior_data` against the spec's env (file footers only); DatasetError
         naming the file and the mismatch otherwise. Relative paths are taken from the cwd."""
-        if self.spec.algo.prior_data is None:
+        if self.spec.prior_data is None:
             return None
-        path = Path(self.spec.algo.prior_data).expanduser().resolve()
+        path = Path(self.spec.prior_data).expanduser().resolve()
         try:
             read_dataset(path, expect_env_id=self.spec.env.id, expect_obs_dim=obs_dim, expect_act_dim=act_dim)
         except DatasetError as err:
@@ -156,21 +167,23 @@ class Trainer:
     # ---- building the actor graph -------------------------------------------------------------
     def _build(self, obs_dim: int, act_dim: int, prior_path: Path | None) -> None:
         spec = self.spec
-        self.group = cluster.reserve(spec)
+        self.group, self.bundle_offset, self.owns_group = cluster.placement(spec)
         learner_cls = ray.remote(Learner)
         self.learners = [
             learner_cls.options(
                 num_cpus=spec.learners.cpus_per_learner,
                 num_gpus=spec.learners.gpus_per_learner,
-                scheduling_strategy=cluster.in_bundle(self.group, rank),
+                scheduling_strategy=self._bundle(rank),
             ).remote(spec, obs_dim, act_dim, rank)
             for rank in range(spec.learners.num_learners)
         ]
         self.runners = [self._make_runner(i) for i in range(spec.runners.num_runners)]
-        self.replay = ray.remote(ReplayBuffer).options(
-            num_cpus=spec.runtime.replay_cpus,
-            scheduling_strategy=cluster.in_bundle(self.group, spec.learners.num_learners + spec.runners.num_runners),
-        ).remote(spec.algo.buffer_size, obs_dim, act_dim, seed=spec.seed)
+        self.replay = None  # on-policy algorithms learn from fresh rollouts only
+        if not spec.on_policy:
+            self.replay = ray.remote(ReplayBuffer).options(
+                num_cpus=spec.runtime.replay_cpus,
+                scheduling_strategy=self._bundle(spec.learners.num_learners + spec.runners.num_runners),
+            ).remote(spec.algo.buffer_size, obs_dim, act_dim, seed=spec.seed)
         if len(self.learners) > 1:  # rank 0 names the rendezvous; all join one process group
             address = get_results(self.learners[0].rendezvous_address.remote())
             get_results([learner.join.remote(address) for learner in self.learners])
@@ -178,12 +191,16 @@ class Trainer:
             ratio, gamma = spec.algo.prior_data_ratio, spec.algo.gamma
             self.prior_info = get_results(self.replay.load_prior.remote(str(prior_path), ratio, gamma, spec.env.id))
 
+    def _bundle(self, index: int) -> Any:
+        """Where the actor of `spec.bundles()[index]` goes (a Tune trial's own bundle 0 is the trial's)."""
+        return cluster.in_bundle(self.group, self.bundle_offset + index)
+
     def _make_runner(self, index: int, incarnation: int = 0) -> Any:
         return (
             ray.remote(EnvRunner)
             .options(
                 num_cpus=self.spec.runners.cpus_per_runner,
-                scheduling_strategy=cluster.in_bundle(self.group, self.spec.learners.num_learners + index),
+                scheduling_strategy=self._bundle(self.spec.learners.num_learners + index),
             )
             .remote(self.spec, index, incarnation)
         )
@@ -196,7 +213,7 @@ class Trainer:
         )
         calls = [learner.load_state_dict.remote(payload["learner"]) for learner in self.learners]
         replay_file = Path(payload["folder"]) / REPLAY_FILE
-        if replay_file.is_file():
+        if self.replay is not None and replay_file.is_file():
             calls.append(self.replay.load.remote(str(replay_file), payload["replay"]))
             self.replay_size = int(payload["replay"]["size"])
         for runner, state in zip(self.runners, payload["runner_rng"], strict=False):
@@ -288,7 +305,7 @@ class Trainer:
             self._publish_weights()
             if self.track:
                 run_id = self.resume.get("mlflow_run_id") if self.resume else None
-                self.tracker = MlflowTracker(self.spec, run_id=run_id)
+                self.tracker = MlflowTracker(self.spec, run_id=run_id, context=self.context)
                 self.run_dir.mkdir(parents=True, exist_ok=True)
                 (self.run_dir / "spec.yaml").write_text(spec_yaml(self.spec))
                 self.tracker.log_artifact(self.run_dir / "spec.yaml", "spec")
@@ -305,8 +322,10 @@ class Trainer:
                 self.tracker.finish(status)
             if hasattr(self, "group"):
                 for actor in [*self.learners, self.replay, *self.runners]:
-                    ray.kill(actor)
-                ray.util.remove_placement_group(self.group)
+                    if actor is not None:
+                        ray.kill(actor)
+                if self.owns_group:
+                    ray.util.remove_placement_group(self.group)
             if started_ray:
                 ray.shutdown()
 
@@ -316,7 +335,10 @@ class Trainer:
             self.pending_stats.append({"obs": self.prior_info["obs"], "return": (0, 0.0, 1.0, 0.0)})
         with ProgressDisplay(self.spec.name, self.spec.budget.env_steps, live=self.live) as progress:
             self.progress = progress
-            loop = self._loop_async if self.spec.runtime.mode == "async" else self._loop_sync
+            if self.spec.on_policy:
+                loop = self._loop_on_policy
+            else:
+                loop = self._loop_async if self.spec.runtime.mode == "async" else self._loop_sync
             stop_reason = loop() if c.env_steps < self.spec.budget.env_steps else "budget"
             final = self.save_checkpoint("final")
             progress.message(
@@ -326,6 +348,9 @@ class Trainer:
             )
         if self.tracker is not None:
             self._log_checkpoint(final)
+            self.tracker.flush()
+        if self.reporter is not None:
+            self.reporter(self.last_metrics, final)
         return {
             "env_steps": c.env_steps,
             "evals": c.evals,
@@ -456,6 +481,34 @@ class Trainer:
                 return stop_reason
         return "budget"
 
+    def _loop_on_policy(self) -> str:
+        """Collect a rollout on every runner with the current weights, update on all of it, publish.
+        An iteration in which a runner failed is not learned from (its envs' share is missing)."""
+        spec, algo, c = self.spec, self.spec.algo, self.counters
+        while True:
+            sampled = [r.sample_rollout.options(num_returns=2).remote(algo.train_every) for r in self.runners]
+            rollouts, collected = [], []
+            for index, (rollout, stats_ref) in enumerate(sampled):
+                stats = self._runner_stats(index, stats_ref)
+                if stats is not None:
+                    rollouts.append(rollout)
+                    collected.append(stats)
+            self._account(collected)
+            c.iterations += 1
+            metrics: dict[str, float] = {}
+            if len(rollouts) == len(self.runners):
+                stats = self.pending_stats
+                update_refs = [learner.update_rollouts.remote(stats, *rollouts) for learner in self.learners]
+                self.pending_stats = []
+                metrics = self._learner_metrics(update_refs)
+                self.window.updates += algo.ppo_epochs * algo.num_minibatches
+                self._publish_weights()
+            stop_reason = self._end_of_iteration(metrics)
+            if stop_reason is not None:
+                return stop_reason
+            if c.env_steps >= spec.budget.env_steps:
+                return "budget"
+
     def _account(self, chunk_stats: list[dict[str, Any]]) -> None:
         """Count the env steps and episodes of finished chunks; queue their normalizer moments."""
         c, w = self.counters, self.window
@@ -472,12 +525,9 @@ class Trainer:
     def _end_of_iteration(self, metrics: dict[str, float]) -> str | None:
         """Log, evaluate and checkpoint when due; the stop reason once the run is over."""
         spec, c, w = self.spec, self.counters, self.window
-        metrics |= {
-            "env/steps": c.env_steps,
-            "env/episodes": c.episodes,
-            "replay/size": self.replay_size,
-            "replay/fill": self.replay_size / spec.algo.buffer_size,
-        }
+        metrics |= {"env/steps": c.env_steps, "env/episodes": c.episodes}
+        if self.replay is not None:
+            metrics |= {"replay/size": self.replay_size, "replay/fill": self.replay_size / spec.algo.buffer_size}
         if self.prior_info is not None:
             metrics["replay/prior_size"] = self.prior_info["rows"]
         elapsed = time.perf_counter() - w.start
@@ -494,7 +544,8 @@ class Trainer:
             metrics["train/final_distance"] = float(np.mean(w.distances))
 
         stop_reason = "budget" if c.env_steps >= spec.budget.env_steps else None
-        if c.env_steps >= c.next_eval or stop_reason:
+        evaluated = c.env_steps >= c.next_eval or stop_reason
+        if evaluated:
             evaluation = self._evaluate()
             metrics.update(evaluation)
             c.next_eval = (c.env_steps // spec.eval.every_env_steps + 1) * spec.eval.every_env_steps
@@ -502,10 +553,14 @@ class Trainer:
                 stop_reason = "target reached"
         self._log(metrics, c.env_steps)
         self.progress.update(c.env_steps, metrics)
+        self.last_metrics = metrics
+        checkpoint = None
         if c.env_steps >= c.next_checkpoint and stop_reason is None:
-            self.save_checkpoint(f"step_{c.env_steps:09d}")
+            checkpoint = self.save_checkpoint(f"step_{c.env_steps:09d}")
             c.next_checkpoint += self._every_ckpt()
             self.progress.message(f"checkpoint: {self.last_checkpoint}")
+        if self.reporter is not None and stop_reason is None and (evaluated or checkpoint is not None):
+            self.reporter(metrics, checkpoint)  # the final report comes with the final checkpoint
         return stop_reason
 
     def _evaluate(self) -> dict[str, float]:
@@ -537,7 +592,7 @@ class Trainer:
         folder.mkdir(parents=True, exist_ok=True)
         c = self.counters
         learner_state, replay_state, runner_rng = self._collect_state()
-        if self.spec.checkpoint.save_replay:
+        if self.replay is not None and self.spec.checkpoint.save_replay:
             get_results(self.replay.save.remote(str(folder / REPLAY_FILE)))
         state = {
             "counters": {
@@ -553,6 +608,8 @@ class Trainer:
         return folder
 
     def _collect_state(self) -> tuple[dict, dict, list]:
-        learner_ref, replay_ref = self.learners[0].state_dict.remote(), self.replay.state.remote()
+        learner_ref = self.learners[0].state_dict.remote()
+        replay_ref = self.replay.state.remote() if self.replay is not None else None
         rng_refs = [r.rng_state.remote() for r in self.runners]
-        return get_results(learner_ref), get_results(replay_ref), get_results(rng_refs)
+        replay_state = get_results(replay_ref) if replay_ref is not None else {}
+        return get_results(learner_ref), replay_state, get_results(rng_refs)

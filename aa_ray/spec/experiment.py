@@ -15,7 +15,7 @@ from pydantic import (
     model_validator,
 )
 
-from aa_ray.algos import ALGORITHMS
+from aa_ray.algos import ALGORITHMS, is_on_policy
 from aa_ray.spec.base import SpecModel
 
 AlgoConfig = Annotated[Union[tuple(entry.config for entry in ALGORITHMS.values())], Field(discriminator="name")]  # noqa: UP007
@@ -132,6 +132,8 @@ class ExperimentSpec(SpecModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> ExperimentSpec:
+        if self.on_policy:
+            return self._consistent_on_policy()
         if self.algo.warm_up_steps >= self.budget.env_steps:
             raise ValueError(
                 f"algo.warm_up_steps ({self.algo.warm_up_steps}) must be below budget.env_steps "
@@ -149,15 +151,41 @@ class ExperimentSpec(SpecModel):
             )
         return self
 
+    def _consistent_on_policy(self) -> ExperimentSpec:
+        envs, learners = self.transitions_per_fleet_step, self.learners.num_learners
+        if envs % learners:
+            raise ValueError(
+                f"runners.num_runners x runners.envs_per_runner ({envs}) must be divisible by "
+                f"learners.num_learners ({learners}): each learner trains on an equal share of the envs"
+            )
+        if self.runtime.mode == "async":
+            raise ValueError(f"runtime.mode async needs an off-policy algorithm; {self.algo.name} learns on-policy")
+        rows = self.algo.train_every * envs // learners
+        if rows < self.algo.num_minibatches:
+            raise ValueError(
+                f"algo.num_minibatches ({self.algo.num_minibatches}) exceeds the rollout rows per learner "
+                f"({rows} = algo.train_every x envs / learners)"
+            )
+        return self
+
+    @property
+    def on_policy(self) -> bool:
+        return is_on_policy(self.algo)
+
+    @property
+    def prior_data(self) -> str | None:
+        """RLPD's dataset path, or None (on-policy algorithms have none)."""
+        return getattr(self.algo, "prior_data", None)
+
     @property
     def transitions_per_fleet_step(self) -> int:
         return self.runners.num_runners * self.runners.envs_per_runner
 
     def bundles(self) -> list[dict[str, float]]:
-        """Placement-group bundles: learners first, then runners, then the replay actor."""
+        """Placement-group bundles: learners first, then runners, then the replay actor (off-policy)."""
         learner = {"CPU": self.learners.cpus_per_learner}
         if self.learners.gpus_per_learner > 0:
             learner["GPU"] = self.learners.gpus_per_learner
         runner = {"CPU": self.runners.cpus_per_runner}
-        replay = {"CPU": self.runtime.replay_cpus}
-        return [learner] * self.learners.num_learners + [runner] * self.runners.num_runners + [replay]
+        bundles = [learner] * self.learners.num_learners + [runner] * self.runners.num_runners
+        return bundles if self.on_policy else [*bundles, {"CPU": self.runtime.replay_cpus}]

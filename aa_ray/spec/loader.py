@@ -36,24 +36,31 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 def apply_overrides(raw: Mapping[str, Any], overrides: Iterable[str], source: str = "--set") -> dict[str, Any]:
     """Apply `dotted.key=value` overrides to a raw spec dict; values are parsed as YAML scalars."""
-    result = copy.deepcopy(dict(raw))
+    values = {}
     for override in overrides:
         key, sep, text = override.partition("=")
         if not sep or not key.strip():
             raise SpecError(f"{source} {override!r}: expected the form dotted.key=value.")
         try:
-            value = yaml.safe_load(text)
+            values[key.strip()] = yaml.safe_load(text)
         except yaml.YAMLError as err:
             raise SpecError(f"{source} {override!r}: value is not valid YAML ({err}).") from None
+    return set_values(raw, values, source)
+
+
+def set_values(raw: Mapping[str, Any], values: Mapping[str, Any], source: str = "--set") -> dict[str, Any]:
+    """A copy of a raw spec dict with each `dotted.key` set to its value (sections made as needed)."""
+    result = copy.deepcopy(dict(raw))
+    for key, value in values.items():
         node = result
-        parts = key.strip().split(".")
+        parts = key.split(".")
         for depth, part in enumerate(parts[:-1]):
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
                 where = ".".join(parts[: depth + 1])
-                raise SpecError(f"{source} {override!r}: {where} is a value, not a section.")
+                raise SpecError(f"{source} {key}: {where} is a value, not a section.")
             node = child
-        node[parts[-1]] = value
+        node[parts[-1]] = copy.deepcopy(value)
     return result
 
 
@@ -71,7 +78,9 @@ def format_validation_error(err: ValidationError, source: str) -> str:
         message = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             message = "unknown key (check the spelling; see README's spec reference)"
-        shown = "" if e["type"] in ("missing", "extra_forbidden") else f" (got {e.get('input')!r})"
+        # a whole-spec check (empty location) names its fields in the message; its input is the whole spec
+        quiet = e["type"] in ("missing", "extra_forbidden") or not e["loc"]
+        shown = "" if quiet else f" (got {e.get('input')!r})"
         lines.append(f"  {_field_path(e['loc'])}: {message}{shown}")
     lines.append("Fix the field(s) named above in the file or the --set override.")
     return "\n".join(lines)

@@ -2,13 +2,20 @@
 
 Talks to the store through `MlflowClient` with an explicit run id (no global active run), and
 buffers metrics so the store sees one `log_batch` call every few seconds, not one per value.
+Runs of a sweep or pipeline are nested under a parent run (`RunContext.parent_run_id`); several
+trials then write to one store at once, so a write that finds a local SQLite store locked by
+another process waits and retries instead of failing.
 """
 
 from __future__ import annotations
 
+import random
 import subprocess
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import mlflow
 from mlflow.entities import Metric, Param, RunTag
@@ -19,6 +26,58 @@ from aa_ray.spec.loader import flatten, spec_hash, spec_to_dict
 
 _MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch call
 _MAX_PARAMS = 100  # and of params per call
+_LOCK_WAIT_S = 120.0  # give up on a locked SQLite store after this long
+PARENT_TAG = "mlflow.parentRunId"  # the tag the MLflow UI nests runs by
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Where a run is recorded when it is part of something bigger (a sweep trial, a pipeline stage)."""
+
+    tracking_uri: str | None = None
+    parent_run_id: str | None = None
+    run_name: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+    run_id: str | None = None  # continue this run (a retried trial that had not checkpointed yet)
+
+
+def resolved_tracking_uri(uri: str | None = None) -> str:
+    """The tracking URI with a relative SQLite path made absolute, so processes started elsewhere
+    (Tune trials run in their own folders) write to the same store as the driver."""
+    uri = uri or mlflow.get_tracking_uri()
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
+        return prefix + str(Path(uri[len(prefix):]).resolve())
+    return uri
+
+
+def retry_locked(call: Callable[[], T]) -> T:
+    """Run a store call; while a local SQLite store reports "database is locked" (another trial is
+    writing), wait with jittered backoff and try again."""
+    deadline, delay = time.monotonic() + _LOCK_WAIT_S, 0.05
+    while True:
+        try:
+            return call()
+        except Exception as err:  # MlflowException or SQLAlchemy's OperationalError, depending on the call
+            if "database is locked" not in str(err) or time.monotonic() > deadline:
+                raise
+        time.sleep(delay * (1 + random.random()))
+        delay = min(delay * 2, 2.0)
+
+
+def start_run(client: MlflowClient, experiment: str, tags: dict[str, str]) -> str:
+    """Create a run in `experiment` (made if missing) and return its id."""
+    found = retry_locked(lambda: client.get_experiment_by_name(experiment))
+    if found is not None:
+        experiment_id = found.experiment_id
+    else:
+        try:
+            experiment_id = retry_locked(lambda: client.create_experiment(experiment))
+        except Exception:  # another trial created it first
+            experiment_id = retry_locked(lambda: client.get_experiment_by_name(experiment)).experiment_id
+    return retry_locked(lambda: client.create_run(experiment_id, tags=tags)).info.run_id
 
 
 def git_commit() -> str | None:
@@ -33,33 +92,36 @@ def git_commit() -> str | None:
 
 
 class MlflowTracker:
-    def __init__(self, spec: ExperimentSpec, run_id: str | None = None, tracking_uri: str | None = None):
-        self.client = MlflowClient(tracking_uri=tracking_uri or mlflow.get_tracking_uri())
+    def __init__(self, spec: ExperimentSpec, run_id: str | None = None, context: RunContext | None = None):
+        context = context or RunContext()
+        self.client = MlflowClient(tracking_uri=context.tracking_uri or mlflow.get_tracking_uri())
         self.flush_every_s = spec.tracking.flush_every_s
         self.pending: list[Metric] = []
         self.last_flush = time.monotonic()
+        run_id = run_id or context.run_id
         if run_id is not None:  # resuming: keep writing into the same run
             self.run_id = run_id
-            self.client.update_run(run_id, status="RUNNING")
+            self._call(lambda: self.client.update_run(run_id, status="RUNNING"))
             return
-        experiment = self.client.get_experiment_by_name(spec.tracking.experiment)
-        experiment_id = (
-            experiment.experiment_id if experiment else self.client.create_experiment(spec.tracking.experiment)
-        )
         tags = {
             "algo": spec.algo.name,
             "env": spec.env.id,
             "spec_hash": spec_hash(spec),
-            "mlflow.runName": f"{spec.name}-{spec_hash(spec)[:6]}",
+            "mlflow.runName": context.run_name or f"{spec.name}-{spec_hash(spec)[:6]}",
+            **context.tags,
         }
+        if context.parent_run_id:
+            tags[PARENT_TAG] = context.parent_run_id
         commit = git_commit()
         if commit:
             tags["git_commit"] = commit
-        run = self.client.create_run(experiment_id, tags=tags)
-        self.run_id = run.info.run_id
+        self.run_id = start_run(self.client, spec.tracking.experiment, tags)
         params = [Param(k, str(v)[:6000]) for k, v in flatten(spec_to_dict(spec)).items()]
         for i in range(0, len(params), _MAX_PARAMS):
-            self.client.log_batch(self.run_id, params=params[i : i + _MAX_PARAMS])
+            self._call(lambda chunk=params[i : i + _MAX_PARAMS]: self.client.log_batch(self.run_id, params=chunk))
+
+    def _call(self, call: Callable[[], Any]) -> Any:
+        return retry_locked(call)
 
     @property
     def uri(self) -> str:
@@ -73,19 +135,20 @@ class MlflowTracker:
 
     def flush(self) -> None:
         for i in range(0, len(self.pending), _MAX_BATCH):
-            self.client.log_batch(self.run_id, metrics=self.pending[i : i + _MAX_BATCH])
+            chunk = self.pending[i : i + _MAX_BATCH]
+            self._call(lambda chunk=chunk: self.client.log_batch(self.run_id, metrics=chunk))
         self.pending = []
         self.last_flush = time.monotonic()
 
     def set_tag(self, key: str, value: str) -> None:
-        self.client.log_batch(self.run_id, tags=[RunTag(key, value)])
+        self._call(lambda: self.client.log_batch(self.run_id, tags=[RunTag(key, value)]))
 
     def log_artifacts(self, folder: Path, artifact_path: str) -> None:
-        self.client.log_artifacts(self.run_id, str(folder), artifact_path)
+        self._call(lambda: self.client.log_artifacts(self.run_id, str(folder), artifact_path))
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
-        self.client.log_artifact(self.run_id, str(path), artifact_path)
+        self._call(lambda: self.client.log_artifact(self.run_id, str(path), artifact_path))
 
     def finish(self, status: str = "FINISHED") -> None:
         self.flush()
-        self.client.set_terminated(self.run_id, status=status)
+        self._call(lambda: self.client.set_terminated(self.run_id, status=status))

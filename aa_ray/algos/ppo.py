@@ -1,0 +1,235 @@
+"""Proximal Policy Optimization for continuous actions, on-policy (no replay).
+
+References: Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (arXiv 1707.06347) for
+the clipped surrogate; Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized
+Advantage Estimation" (arXiv 1506.02438); Xie et al. 2024, "Simple Policy Optimization" (SPO,
+arXiv 2401.16025) for the quadratic-penalty alternative to clipping; the adaptive learning rate
+from a KL target as in rsl_rl. Deliberate choices:
+- env runners return `train_every` steps per env with the sampled (unclipped) action, its
+  log-probability under the acting policy, V(s) and V(s') where s' is the *true* next observation
+  (the final one at a truncation), so a time limit bootstraps instead of looking like a terminal;
+- observation and reward normalizers stay frozen during the update and take the rollout's
+  statistics afterwards (the learner merges them), so the first ratio of every update is exactly 1;
+- advantages are normalized over the global batch (all learners), each learner updates on its own
+  envs' share, and DDP averages the gradients;
+- the adaptive learning rate changes the actor's rate only, on the KL averaged over learners, so
+  every learner keeps the same rate.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import torch
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator
+from torch import Tensor, nn
+
+from aa_ray import ddp
+from aa_ray.algos.common import tensors_to_cpu
+from aa_ray.algos.knobs import RewardNormalizer
+from aa_ray.nets.actor_critic import GaussianActorCritic
+from aa_ray.spec.base import SpecModel
+
+
+class PPOConfig(SpecModel):
+    name: Literal["ppo"] = "ppo"
+    gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda")
+    train_every: PositiveInt = Field(32, description="rollout steps per env between updates")
+    ppo_epochs: PositiveInt = Field(4, description="passes over each rollout")
+    num_minibatches: PositiveInt = Field(4, description="minibatches per pass (per learner)")
+    lr: PositiveFloat = Field(3e-4, description="Adam learning rate (actor and critic)")
+    clip_param: PositiveFloat | tuple[PositiveFloat, PositiveFloat] = Field(
+        0.2, description="ratio clip epsilon, or [eps_low, eps_high] for an asymmetric clip"
+    )
+    spo: bool = Field(False, description="SPO's quadratic penalty instead of clipping (eps = the upper clip)")
+    value_coef: PositiveFloat = Field(1.0, description="weight of the value loss")
+    entropy_coef: NonNegativeFloat = Field(0.0, description="weight of the entropy bonus")
+    max_grad_norm: PositiveFloat | None = Field(1.0, description="clip actor and critic gradients to this norm")
+    desired_kl: PositiveFloat | None = Field(0.01, description="adapt the actor's lr toward this KL (null: fixed lr)")
+    lr_bounds: tuple[PositiveFloat, PositiveFloat] = Field((1e-5, 1e-2), description="range of the adaptive lr")
+    init_log_std: float = Field(0.0, description="initial log std of the Gaussian policy")
+    hidden_dims: list[PositiveInt] = Field([64, 64], min_length=1, description="tanh MLP widths")
+    normalize_obs: bool = Field(True, description="running mean/std observation normalization")
+    normalize_reward: bool = Field(True, description="scale rewards by the running std of the return")
+
+    @field_validator("clip_param")
+    @classmethod
+    def _clip_below_one(cls, value: float | tuple[float, float]) -> float | tuple[float, float]:
+        low = value[0] if isinstance(value, tuple) else value
+        if low >= 1:
+            raise ValueError("the lower clip epsilon must be below 1 (ratios are positive)")
+        return value
+
+    @property
+    def clip_range(self) -> tuple[float, float]:
+        return self.clip_param if isinstance(self.clip_param, tuple) else (self.clip_param, self.clip_param)
+
+
+def make_policy(cfg: PPOConfig, obs_dim: int, act_dim: int) -> GaussianActorCritic:
+    return GaussianActorCritic(obs_dim, act_dim, cfg.hidden_dims, cfg.normalize_obs, cfg.init_log_std)
+
+
+class Rollout(NamedTuple):
+    """On-policy data of shape (train_every, envs): what the runners measured while acting."""
+
+    obs: Tensor
+    action: Tensor  # unclipped, as sampled
+    log_prob: Tensor  # log pi_old(action|obs)
+    value: Tensor  # V_old(obs)
+    reward: Tensor
+    next_value: Tensor  # V_old(true next obs): the final observation at a truncation
+    terminated: Tensor
+    truncated: Tensor
+
+    @classmethod
+    def from_numpy(cls, arrays: dict, device: torch.device) -> Rollout:
+        return cls(*(torch.tensor(arrays[f], device=device, dtype=torch.float32) for f in cls._fields))
+
+
+def gae(
+    reward: Tensor, value: Tensor, next_value: Tensor, terminated: Tensor, truncated: Tensor,
+    gamma: float, lam: float,
+) -> tuple[Tensor, Tensor]:
+    """Generalized advantage estimates and value targets over (time, envs).
+
+    delta_t = r_t + gamma (1 - terminated_t) V(s'_t) - V(s_t); A_t = delta_t + gamma lam (1 - done_t) A_{t+1}.
+    Only a terminal masks the bootstrap; any episode end (terminal or time limit) stops the
+    recursion, because the next row of that env belongs to a new episode."""
+    delta = reward + gamma * (1.0 - terminated) * next_value - value
+    continues = 1.0 - torch.maximum(terminated, truncated)
+    advantages = torch.zeros_like(reward)
+    running = torch.zeros_like(reward[0])
+    for t in reversed(range(reward.shape[0])):
+        running = delta[t] + gamma * lam * continues[t] * running
+        advantages[t] = running
+    return advantages, advantages + value
+
+
+def clipped_surrogate_loss(ratio: Tensor, advantage: Tensor, eps_low: float, eps_high: float) -> Tensor:
+    """-E[min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)]."""
+    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    return -torch.minimum(ratio * advantage, clipped * advantage).mean()
+
+
+def spo_loss(ratio: Tensor, advantage: Tensor, eps: float) -> Tensor:
+    """SPO: -E[r A - |A| (r - 1)^2 / (2 eps)]; the penalty pulls the ratio back smoothly instead of
+    cutting the gradient off at the clip boundary."""
+    return -(ratio * advantage - advantage.abs() * (ratio - 1.0).pow(2) / (2.0 * eps)).mean()
+
+
+def adapt_lr(lr: float, kl: float, desired_kl: float, bounds: tuple[float, float]) -> float:
+    """Shrink the step when the policy moved too far (KL > 2 x target), grow it when it barely moved."""
+    if kl > 2.0 * desired_kl:
+        return max(lr / 1.5, bounds[0])
+    if kl < 0.5 * desired_kl:
+        return min(lr * 1.5, bounds[1])
+    return lr
+
+
+def explained_variance(prediction: Tensor, target: Tensor) -> float:
+    """1 - Var(target - prediction) / Var(target): 1 is perfect, 0 is no better than the mean."""
+    variance = target.var()
+    return float("nan") if variance == 0 else float(1.0 - (target - prediction).var() / variance)
+
+
+class PPO:
+    def __init__(self, cfg: PPOConfig, obs_dim: int, act_dim: int, device: torch.device, planned_steps: int = 0):
+        self.cfg, self.device = cfg, device
+        self.policy = make_policy(cfg, obs_dim, act_dim).to(device)
+        self.reward_norm = RewardNormalizer(cfg.normalize_reward).to(device)
+        # param_groups[0] is the actor (its lr adapts to the KL), [1] the critic
+        self.optimizer = torch.optim.Adam(
+            [{"params": self.policy.actor.parameters()}, {"params": self.policy.critic.parameters()}], lr=cfg.lr
+        )
+        # several learners: DDP averages the actor's and critic's gradients; the normalizers stay plain
+        self.actor_ddp, self.critic_ddp = ddp.wrap(self.policy.actor), ddp.wrap(self.policy.critic)
+
+    def update(self, rollout: Rollout) -> dict[str, float]:
+        cfg = self.cfg
+        # 1. advantages from the rollout's values, on rewards scaled by the (frozen) return std
+        reward = self.reward_norm(rollout.reward)
+        advantages, returns = gae(
+            reward, rollout.value, rollout.next_value, rollout.terminated, rollout.truncated, cfg.gamma, cfg.gae_lambda
+        )
+        adv_mean, adv_std = ddp.global_mean_std(advantages)
+        normalized = (advantages - adv_mean) / adv_std.clamp_min(1e-7)
+
+        # 2. epochs x minibatches over the flattened (time, env) rows
+        obs = self.policy.obs_norm(rollout.obs.flatten(0, 1))
+        rows = (obs, rollout.action.flatten(0, 1), rollout.log_prob.flatten(), normalized.flatten(), returns.flatten())
+        totals: dict[str, float] = {}
+        for _ in range(cfg.ppo_epochs):
+            for index in torch.randperm(len(obs), device=self.device).chunk(cfg.num_minibatches):
+                info = self.update_minibatch(*(column[index] for column in rows))
+                if cfg.desired_kl is not None:
+                    group = self.optimizer.param_groups[0]
+                    group["lr"] = adapt_lr(group["lr"], info["actor/approx_kl"], cfg.desired_kl, cfg.lr_bounds)
+                for key, value in info.items():
+                    totals[key] = totals.get(key, 0.0) + value
+        minibatches = cfg.ppo_epochs * cfg.num_minibatches
+        info = {key: value / minibatches for key, value in totals.items()}
+
+        # 3. diagnostics of the data the update learned from
+        return info | {
+            "actor/lr": self.optimizer.param_groups[0]["lr"],
+            "actor/std": self.policy.actor.log_std.exp().mean().item(),
+            "critic/explained_var": explained_variance(rollout.value, returns),
+            "critic/adv_mean": adv_mean.item(),
+            "critic/adv_std": adv_std.item(),
+            "critic/value_mean": rollout.value.mean().item(),
+            "critic/return_mean": returns.mean().item(),
+            "critic/reward_scale": self.reward_norm.scale(),
+        }
+
+    def update_minibatch(
+        self, obs: Tensor, action: Tensor, old_log_prob: Tensor, advantage: Tensor, value_target: Tensor
+    ) -> dict[str, float]:
+        eps_low, eps_high = self.cfg.clip_range
+        log_prob, entropy = self.actor_ddp(obs, action)
+        log_ratio = log_prob - old_log_prob
+        ratio = log_ratio.exp()
+        if self.cfg.spo:
+            policy_loss = spo_loss(ratio, advantage, eps_high)
+        else:
+            policy_loss = clipped_surrogate_loss(ratio, advantage, eps_low, eps_high)
+        value_loss = (self.critic_ddp(obs) - value_target).pow(2).mean()
+        loss = policy_loss - self.cfg.entropy_coef * entropy.mean() + self.cfg.value_coef * value_loss
+
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        actor_norm = self._clip(self.policy.actor)
+        critic_norm = self._clip(self.policy.critic)
+        self.optimizer.step()
+
+        with torch.no_grad():
+            approx_kl = ddp.global_mean(((ratio - 1.0) - log_ratio).mean())  # Schulman's k3 estimator, >= 0
+        return {
+            "actor/policy_loss": policy_loss.item(),
+            "actor/entropy": entropy.mean().item(),
+            "actor/approx_kl": approx_kl.item(),
+            "actor/clamp_pos": (ratio > 1.0 + eps_high).float().mean().item(),
+            "actor/clamp_neg": (ratio < 1.0 - eps_low).float().mean().item(),
+            "actor/grad_norm": actor_norm,
+            "critic/value_loss": value_loss.item(),
+            "critic/grad_norm": critic_norm,
+        }
+
+    def _clip(self, module: nn.Module) -> float:
+        limit = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else float("inf")
+        return float(nn.utils.clip_grad_norm_(module.parameters(), limit))
+
+    def policy_state(self) -> dict[str, Tensor]:
+        return tensors_to_cpu(self.policy.state_dict())
+
+    def state_dict(self) -> dict:
+        return {
+            "policy": self.policy.state_dict(),
+            "reward_norm": self.reward_norm.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.reward_norm.load_state_dict(state["reward_norm"])
+        self.optimizer.load_state_dict(state["optimizer"])  # includes the adapted lr

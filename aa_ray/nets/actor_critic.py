@@ -1,0 +1,92 @@
+"""PPO's networks: a Gaussian actor with a state-independent log-std and a value critic, behind one
+observation normalizer. The whole module is what env runners load: they act *and* compute the
+values that GAE needs, so the learner gets complete rollouts."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from aa_ray.nets.policy import ObsNormalizer
+
+
+def tanh_mlp(in_dim: int, hidden_dims: Sequence[int], out_dim: int, out_gain: float) -> nn.Sequential:
+    """Tanh MLP with orthogonal init (gain sqrt 2 inside, `out_gain` on the output layer), the
+    initialization PPO implementations share; a small output gain starts the actor near mean 0."""
+    layers: list[nn.Module] = []
+    for width in hidden_dims:
+        layers += [_orthogonal(nn.Linear(in_dim, width), math.sqrt(2.0)), nn.Tanh()]
+        in_dim = width
+    return nn.Sequential(*layers, _orthogonal(nn.Linear(in_dim, out_dim), out_gain))
+
+
+def _orthogonal(layer: nn.Linear, gain: float) -> nn.Linear:
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+class GaussianActor(nn.Module):
+    """pi(a|s) = N(mean(s), diag(exp(log_std))^2) over unbounded actions; runners clip to [-1, 1]."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden_dims: Sequence[int], init_log_std: float):
+        super().__init__()
+        self.mean = tanh_mlp(obs_dim, hidden_dims, act_dim, out_gain=0.01)
+        self.log_std = nn.Parameter(torch.full((act_dim,), init_log_std))
+
+    def forward(self, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
+        """log pi(action|obs) and the entropy, both summed over action dims (obs are normalized)."""
+        distribution = self.distribution(obs)
+        return distribution.log_prob(action).sum(-1), distribution.entropy().sum(-1)
+
+    def distribution(self, obs: Tensor) -> torch.distributions.Normal:
+        mean = self.mean(obs)
+        return torch.distributions.Normal(mean, self.log_std.exp().expand_as(mean))
+
+
+class ValueCritic(nn.Module):
+    def __init__(self, obs_dim: int, hidden_dims: Sequence[int]):
+        super().__init__()
+        self.net = tanh_mlp(obs_dim, hidden_dims, 1, out_gain=1.0)
+
+    def forward(self, obs: Tensor) -> Tensor:
+        return self.net(obs).squeeze(-1)
+
+
+class GaussianActorCritic(nn.Module):
+    """normalizer -> (actor, critic). Methods take raw observations."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden_dims: Sequence[int], normalize_obs: bool,
+                 init_log_std: float = 0.0):
+        super().__init__()
+        self.obs_norm = ObsNormalizer(obs_dim, enabled=normalize_obs)
+        self.actor = GaussianActor(obs_dim, act_dim, hidden_dims, init_log_std)
+        self.critic = ValueCritic(obs_dim, hidden_dims)
+
+    @torch.no_grad()
+    def explore(self, obs: np.ndarray, generator: torch.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """A sampled (unclipped) action and its log-probability, for on-policy rollouts."""
+        obs_t = torch.as_tensor(obs, dtype=torch.float32)
+        distribution = self.actor.distribution(self.obs_norm(obs_t))
+        noise = torch.randn(distribution.mean.shape, generator=generator)
+        action = distribution.mean + distribution.stddev * noise
+        return action.numpy(), distribution.log_prob(action).sum(-1).numpy()
+
+    @torch.no_grad()
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        return self.critic(self.obs_norm(torch.as_tensor(obs, dtype=torch.float32))).numpy()
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, deterministic: bool, generator: torch.Generator | None = None) -> np.ndarray:
+        """Actions in [-1, 1] (evaluation and recorded datasets): the mean, or a clipped sample."""
+        obs_t = torch.as_tensor(obs, dtype=torch.float32)
+        distribution = self.actor.distribution(self.obs_norm(obs_t))
+        if deterministic:
+            action = distribution.mean
+        else:
+            action = distribution.mean + distribution.stddev * torch.randn(distribution.mean.shape, generator=generator)
+        return action.clamp(-1.0, 1.0).numpy()

@@ -1,0 +1,86 @@
+"""What sweeps and pipelines share on the driver: the MLflow parent run their trials nest under,
+and absolute paths (Tune runs each trial in a folder of its own, so a relative path in a spec
+would point somewhere else there)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
+from aa_ray.spec.loader import set_values
+from aa_ray.tracking.mlflow_tracker import PARENT_TAG, resolved_tracking_uri, retry_locked, start_run
+
+KIND_TAG = "aa_ray.kind"  # "sweep" or "pipeline" on the parent run
+
+
+def absolute_paths(raw: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a raw experiment spec whose relative paths (runtime.output_dir, algo.prior_data)
+    are made absolute from the current folder, as `aa-ray run` would read them."""
+    values = {"runtime.output_dir": str(Path(raw.get("runtime", {}).get("output_dir", "runs")).resolve())}
+    prior = raw.get("algo", {}).get("prior_data")
+    if isinstance(prior, str):
+        values["algo.prior_data"] = str(Path(prior).expanduser().resolve())
+    return set_values(raw, values)
+
+
+class ParentRun:
+    """The MLflow run a sweep or pipeline invocation is; its trials/stages are nested child runs."""
+
+    def __init__(self, experiment: str, kind: str, name: str, run_name: str, tags: dict[str, str] | None = None):
+        self.uri = resolved_tracking_uri()
+        self.client = MlflowClient(tracking_uri=self.uri)
+        self.experiment, self.kind, self.name = experiment, kind, name
+        self.tags = {KIND_TAG: kind, f"aa_ray.{kind}": name}
+        self.run_id = start_run(self.client, experiment, {**self.tags, "mlflow.runName": run_name, **(tags or {})})
+        self.experiment_id = self.client.get_run(self.run_id).info.experiment_id
+
+    def child_tracking(self, run_name: str, tags: dict[str, str]) -> dict[str, Any]:
+        """What a trial needs to record itself as a child of this run (plain data, sent to Tune)."""
+        return {
+            "uri": self.uri, "experiment_id": self.experiment_id, "parent_run_id": self.run_id,
+            "run_name": run_name, "tags": {**self.tags, **tags},
+        }
+
+    def children(self) -> list[Any]:
+        return retry_locked(lambda: self.client.search_runs(
+            [self.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = '{self.run_id}'"
+        ))
+
+    def copy_child(self, source_run_id: str, run_name: str, tags: dict[str, str]) -> str:
+        """A child run standing for a reused result: the source run's params and latest metrics,
+        tagged with where they came from, so this invocation's compare view still lines it up."""
+        source = self.client.get_run(source_run_id)
+        run_id = start_run(self.client, self.experiment, {
+            **self.tags, **tags, PARENT_TAG: self.run_id, "mlflow.runName": run_name,
+            "aa_ray.reused_from": source_run_id,
+        })
+        params = [Param(k, v) for k, v in source.data.params.items()]
+        metrics = [Metric(k, v, 0, 0) for k, v in source.data.metrics.items()]
+        for i in range(0, max(len(params), 1), 100):
+            retry_locked(lambda i=i: self.client.log_batch(run_id, params=params[i : i + 100]))
+        retry_locked(lambda: self.client.log_batch(run_id, metrics=metrics[:1000]))
+        retry_locked(lambda: self.client.set_terminated(run_id))
+        return run_id
+
+    def log(self, metrics: dict[str, float] | None = None, params: dict[str, Any] | None = None,
+            tags: dict[str, str] | None = None) -> None:
+        retry_locked(lambda: self.client.log_batch(
+            self.run_id,
+            metrics=[Metric(k, float(v), 0, 0) for k, v in (metrics or {}).items()],
+            params=[Param(k, str(v)[:6000]) for k, v in (params or {}).items()],
+            tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()],
+        ))
+
+    def log_artifact(self, path: Path) -> None:
+        retry_locked(lambda: self.client.log_artifact(self.run_id, str(path)))
+
+    def finish(self, status: str) -> None:
+        """End the parent; children a scheduler stopped mid-run (their process ended without
+        closing the run) are marked KILLED rather than left RUNNING."""
+        for child in self.children():
+            if child.info.status == "RUNNING":
+                retry_locked(lambda child=child: self.client.set_terminated(child.info.run_id, status="KILLED"))
+        retry_locked(lambda: self.client.set_terminated(self.run_id, status=status))

@@ -1,0 +1,247 @@
+"""Sweep and pipeline spec files: pydantic models, and loaders that check everything that can be
+checked before Ray starts (each search key and stage spec is validated as an experiment spec,
+stage references must name earlier outputs, and the stages must not form a cycle)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, ValidationError, model_validator
+
+from aa_ray.spec.base import SpecModel
+from aa_ray.spec.experiment import ExperimentSpec
+from aa_ray.spec.loader import SpecError, format_validation_error, read_yaml, set_values, validate_spec
+
+# What trials report and a sweep may optimize (eval/distance and eval/success exist on pusher-reach).
+SWEEP_METRICS = ("eval/return", "eval/distance", "eval/success", "eval/length", "train/episode_return")
+
+
+# ---- sweeps ------------------------------------------------------------------------------------
+class Domain(SpecModel):
+    """One search dimension: exactly one of grid, choice, uniform, loguniform."""
+
+    grid: list[Any] | None = Field(None, min_length=1, description="every value, crossed with other grids")
+    choice: list[Any] | None = Field(None, min_length=1, description="one value drawn per sample")
+    uniform: tuple[float, float] | None = Field(None, description="[low, high], drawn uniformly")
+    loguniform: tuple[PositiveFloat, PositiveFloat] | None = Field(None, description="[low, high], log-uniform")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Domain:
+        given = [name for name in ("grid", "choice", "uniform", "loguniform") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of grid, choice, uniform, loguniform (got {given or 'none'})")
+        bounds = self.uniform or self.loguniform
+        if bounds is not None and not bounds[0] < bounds[1]:
+            raise ValueError(f"{given[0]} needs low < high, got {list(bounds)}")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(name for name in ("grid", "choice", "uniform", "loguniform") if getattr(self, name) is not None)
+
+    def probe_values(self) -> list[Any]:
+        """Values that stand for the whole domain when checking it against the spec."""
+        return list(self.grid or self.choice or self.uniform or self.loguniform)
+
+    def to_tune(self) -> Any:
+        from ray import tune
+
+        if self.grid is not None:
+            return tune.grid_search(self.grid)
+        if self.choice is not None:
+            return tune.choice(self.choice)
+        if self.uniform is not None:
+            return tune.uniform(*self.uniform)
+        return tune.loguniform(*self.loguniform)
+
+
+class AshaSpec(SpecModel):
+    grace_period: PositiveInt = Field(description="env steps every trial runs before it can be stopped")
+    reduction_factor: float = Field(2.0, gt=1, description="keep 1/reduction_factor of trials at each rung")
+
+
+class SweepSpec(SpecModel):
+    name: str = Field(min_length=1, description="names the MLflow parent run and the Tune experiment")
+    base: str = Field(description="the experiment spec every trial starts from (relative to this file)")
+    set: dict[str, Any] = Field(default_factory=dict, description="dotted overrides of the base for all trials")
+    search_space: dict[str, Domain] = Field(min_length=1, description="dotted spec key -> domain")
+    metric: Literal[SWEEP_METRICS] = Field("eval/return", description="what ranks the trials (last report)")
+    mode: Literal["max", "min"] = "max"
+    num_samples: PositiveInt = Field(1, description="samples of the space (each repeats the whole grid)")
+    max_concurrent_trials: PositiveInt = Field(1, description="trials running at once")
+    max_failures: NonNegativeInt = Field(1, description="retry a failed trial from its last checkpoint this often")
+    scheduler: Literal["fifo", "asha"] = Field("fifo", description="asha stops weak trials early")
+    asha: AshaSpec | None = None
+    searcher: Literal["random", "optuna"] = Field("random", description="random: Tune's grid/random variants")
+
+    @model_validator(mode="after")
+    def _combinations(self) -> SweepSpec:
+        if self.scheduler == "asha" and self.asha is None:
+            raise ValueError("scheduler asha needs an asha section (grace_period in env steps)")
+        if self.searcher == "optuna":
+            grids = [key for key, domain in self.search_space.items() if domain.grid is not None]
+            if grids:
+                raise ValueError(f"searcher optuna cannot search grids ({', '.join(grids)}); use choice")
+        return self
+
+
+class Sweep:
+    """A validated sweep: its spec, the base experiment (raw dict) and the base's folder."""
+
+    def __init__(self, spec: SweepSpec, base_raw: dict[str, Any], path: Path):
+        self.spec, self.base_raw, self.path = spec, base_raw, path
+
+    def trial_raw(self, params: dict[str, Any]) -> dict[str, Any]:
+        return set_values(self.base_raw, params, source=f"sweep {self.path} search_space")
+
+    def trial_spec(self, params: dict[str, Any]) -> ExperimentSpec:
+        return validate_spec(self.trial_raw(params), source=f"{self.path} trial {params}")
+
+
+def _model(model: type[SpecModel], raw: dict[str, Any], source: Path) -> Any:
+    try:
+        return model.model_validate(raw)
+    except ValidationError as err:
+        raise SpecError(format_validation_error(err, str(source))) from None
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read and check a sweep file: every search key and value (grid and choice values, range
+    bounds) must make a valid experiment spec. Raises SpecError naming the key."""
+    path = Path(path)
+    spec = _model(SweepSpec, read_yaml(path), path)
+    base_raw = set_values(read_yaml(path.parent / spec.base), spec.set, source=f"{path} set")
+    sweep = Sweep(spec, base_raw, path)
+    validate_spec(base_raw, source=f"{path.parent / spec.base} (the base of {path})")
+    for key, domain in spec.search_space.items():
+        for value in domain.probe_values():
+            try:
+                sweep.trial_spec({key: value})
+            except SpecError as err:
+                raise SpecError(f"{path}: search_space.{key} = {value!r} does not make a valid spec.\n{err}") from None
+    grids = {key: domain.grid for key, domain in spec.search_space.items() if domain.grid is not None}
+    for combination in itertools.product(*grids.values()):  # grids can clash with each other
+        sweep.trial_spec(dict(zip(grids, combination, strict=True)))
+    return sweep
+
+
+# ---- pipelines ---------------------------------------------------------------------------------
+OUTPUTS = {"train": "checkpoint", "rollout": "dataset"}
+
+
+class TrainStage(SpecModel):
+    kind: Literal["train"]
+    spec: str = Field(description="experiment spec (relative to the pipeline file)")
+    set: dict[str, Any] = Field(default_factory=dict, description="dotted overrides of that spec")
+    inputs: dict[str, str] = Field(
+        default_factory=dict, description="dotted spec key -> STAGE.OUTPUT, e.g. algo.prior_data: data.dataset"
+    )
+
+    def references(self) -> dict[str, str]:
+        return dict(self.inputs)
+
+
+class RolloutStage(SpecModel):
+    kind: Literal["rollout"]
+    policy: str | None = Field(None, description="STAGE.checkpoint whose policy acts (or scripted: true)")
+    scripted: bool = Field(False, description="act with the env's scripted controller instead")
+    spec: str | None = Field(None, description="spec for the env and runners (default: the policy stage's)")
+    set: dict[str, Any] = Field(default_factory=dict, description="dotted overrides of that spec")
+    episodes: PositiveInt
+    deterministic: bool = Field(False, description="the policy's mean action instead of a sample")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RolloutStage:
+        if (self.policy is None) == (not self.scripted):
+            raise ValueError("a rollout stage needs exactly one of policy: STAGE.checkpoint or scripted: true")
+        if self.scripted and self.spec is None:
+            raise ValueError("a scripted rollout stage needs a spec (which env to run)")
+        return self
+
+    def references(self) -> dict[str, str]:
+        return {"policy": self.policy} if self.policy else {}
+
+
+Stage = Annotated[Union[TrainStage, RolloutStage], Field(discriminator="kind")]  # noqa: UP007
+
+
+class PipelineSpec(SpecModel):
+    name: str = Field(min_length=1, description="names the MLflow parent run and the stage cache folder")
+    stages: dict[str, Stage] = Field(min_length=1, description="stage name -> stage; run in dependency order")
+    max_failures: NonNegativeInt = Field(0, description="retry a failed stage from its last checkpoint this often")
+
+
+class Pipeline:
+    """A validated pipeline: its spec, the stage order, and each stage's raw experiment spec."""
+
+    def __init__(self, spec: PipelineSpec, path: Path, order: list[str], raws: dict[str, dict[str, Any]]):
+        self.spec, self.path, self.order, self.raws = spec, path, order, raws
+
+
+def parse_reference(reference: str) -> tuple[str, str]:
+    stage, _, output = reference.partition(".")
+    return stage, output
+
+
+def load_pipeline(path: str | Path) -> Pipeline:
+    """Read and check a pipeline file: references, order (no cycles) and every stage's spec."""
+    path = Path(path)
+    spec = _model(PipelineSpec, read_yaml(path), path)
+    for name, stage in spec.stages.items():
+        for where, reference in stage.references().items():
+            target, output = parse_reference(reference)
+            if target not in spec.stages:
+                known = ", ".join(spec.stages)
+                raise SpecError(
+                    f"{path}: stage {name!r} {where} refers to stage {target!r}, which the pipeline does not "
+                    f"have (stages: {known})."
+                )
+            wanted = OUTPUTS[spec.stages[target].kind]
+            if output != wanted:
+                raise SpecError(
+                    f"{path}: stage {name!r} {where} refers to {reference!r}; a {spec.stages[target].kind} stage's "
+                    f"output is {target}.{wanted}."
+                )
+    order = _dependency_order(spec, path)
+    raws: dict[str, dict[str, Any]] = {}
+    for name in order:
+        stage = spec.stages[name]
+        if stage.spec is not None:
+            raw = set_values(read_yaml(path.parent / stage.spec), stage.set, source=f"{path} stage {name} set")
+        else:  # a rollout of a trained policy runs with that stage's spec
+            raw = set_values(raws[parse_reference(stage.policy)[0]], stage.set, source=f"{path} stage {name} set")
+        if isinstance(stage, TrainStage):  # placeholders now; the real paths once the inputs exist
+            checked = set_values(raw, {key: f"<{reference}>" for key, reference in stage.inputs.items()})
+            validate_spec(checked, source=f"{path} stage {name!r} ({stage.spec} with set and inputs)")
+        else:
+            validate_spec(raw, source=f"{path} stage {name!r}")
+        raws[name] = raw
+    return Pipeline(spec, path, order, raws)
+
+
+def _dependency_order(spec: PipelineSpec, path: Path) -> list[str]:
+    """Stages in an order where each comes after the stages it refers to (file order otherwise)."""
+    needs = {
+        name: [parse_reference(ref)[0] for ref in stage.references().values()] for name, stage in spec.stages.items()
+    }
+    order: list[str] = []
+    state: dict[str, str] = {}
+
+    def visit(name: str, trail: list[str]) -> None:
+        if state.get(name) == "done":
+            return
+        if state.get(name) == "visiting":
+            cycle = " -> ".join([*trail[trail.index(name):], name])
+            raise SpecError(f"{path}: the stages refer to each other in a cycle ({cycle}); a stage can only use "
+                            "outputs of stages that can run before it.")
+        state[name] = "visiting"
+        for dependency in needs[name]:
+            visit(dependency, [*trail, name])
+        state[name] = "done"
+        order.append(name)
+
+    for name in spec.stages:
+        visit(name, [])
+    return order

@@ -1,0 +1,168 @@
+"""`aa-ray sweep`: a Ray Tune search over dotted spec keys. Every trial is a full training run
+(its own actor graph and placement group), reports each evaluation and checkpoint to Tune, is
+retried from its last checkpoint when it fails (`max_failures`), and is a child MLflow run of the
+sweep's parent run."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from ray import tune
+
+from aa_ray.spec.loader import set_values, validate_spec
+from aa_ray.tune.parent import ParentRun, absolute_paths
+from aa_ray.tune.specs import Sweep
+from aa_ray.tune.trials import train_trial, trial_cpus, trial_resources
+
+
+def short_params(params: dict[str, Any]) -> str:
+    return ",".join(f"{key.rsplit('.', 1)[-1]}={value:.4g}" if isinstance(value, float) else
+                    f"{key.rsplit('.', 1)[-1]}={value}" for key, value in params.items())
+
+
+def sweep_trial(config: dict[str, Any], base: dict[str, Any], root: str, tracking: dict[str, Any] | None) -> None:
+    """One sweep trial: the base spec with this trial's sampled values (`config["params"]`), trained
+    by `train_trial`. The base and tracking are the same for every trial (`tune.with_parameters`)."""
+    trial_id = tune.get_context().get_trial_id()
+    params = config["params"]
+    if tracking:
+        tracking = {**tracking, "run_name": f"{tracking['run_name']}-{trial_id}[{short_params(params)}]",
+                    "tags": {**tracking["tags"], "aa_ray.params": json.dumps(params)}}
+    train_trial({"spec": set_values(base, params), "run_dir": str(Path(root) / trial_id), "tracking": tracking})
+
+
+def run_sweep(sweep: Sweep, track: bool = True, report: Any = print) -> dict[str, Any]:
+    """Run the sweep to the end; returns its trials (params, metric, status) and the best one."""
+    from aa_ray.runtime import cluster
+
+    spec = sweep.spec
+    base = absolute_paths(sweep.base_raw)
+    base_spec = validate_spec(base)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    root = Path(base_spec.runtime.output_dir) / f"sweep-{spec.name}-{stamp}"
+    parent = None
+    if track and base_spec.tracking.enabled:
+        parent = ParentRun(base_spec.tracking.experiment, "sweep", spec.name, run_name=f"sweep:{spec.name}")
+        parent.log(params={"search_space": json.dumps(spec.model_dump(mode="json")["search_space"]),
+                           "metric": spec.metric, "mode": spec.mode, "base": spec.base})
+        parent.log_artifact(sweep.path)
+        report(f"mlflow parent run: {parent.run_id} (experiment {base_spec.tracking.experiment!r})")
+
+    # the embedded Ray holds max_concurrent_trials of the largest trial (a running cluster is used as is)
+    largest = max(trial_cpus(sweep.trial_spec(params)) for params in _probe_params(sweep))
+    started_ray = cluster.connect(None, cpus=largest * spec.max_concurrent_trials)
+    status = "FAILED"
+    try:
+        trainable = tune.with_parameters(
+            sweep_trial, base=base, root=str(root), tracking=parent.child_tracking(spec.name, {}) if parent else None
+        )
+        # each trial's placement group: a bundle for the trial itself, then its own spec's bundles
+        resources = lambda config: trial_resources(validate_spec(set_values(base, config["params"])))  # noqa: E731
+        tuner = tune.Tuner(
+            tune.with_resources(trainable, resources),
+            param_space={"params": {key: domain.to_tune() for key, domain in spec.search_space.items()}},
+            tune_config=tune.TuneConfig(
+                metric=spec.metric, mode=spec.mode, num_samples=spec.num_samples,
+                max_concurrent_trials=spec.max_concurrent_trials, scheduler=_scheduler(sweep),
+                search_alg=_searcher(sweep), trial_dirname_creator=lambda trial: trial.trial_id,
+            ),
+            run_config=tune.RunConfig(
+                name=root.name, storage_path=str(root.parent / "tune"),
+                failure_config=tune.FailureConfig(max_failures=spec.max_failures), verbose=1,
+            ),
+        )
+        results = tuner.fit()
+        trials = [_row(result, spec.metric) for result in results]
+        finished = [t for t in trials if t["metric"] is not None and t["error"] is None]
+        best = None
+        if finished:
+            pick = max if spec.mode == "max" else min
+            best = pick(finished, key=lambda t: t["metric"])
+        status = "FINISHED" if finished else "FAILED"
+        if parent is not None:
+            table = root / "trials.json"
+            root.mkdir(parents=True, exist_ok=True)
+            table.write_text(json.dumps(trials, indent=1, default=str))
+            parent.log_artifact(table)
+            if best is not None:
+                best_tags = {"aa_ray.best_trial": best["trial_id"], "aa_ray.best_params": json.dumps(best["params"])}
+                parent.log(metrics={f"best/{spec.metric}": best["metric"]}, tags=best_tags)
+        return {"trials": trials, "best": best, "root": str(root), "parent_run_id": parent.run_id if parent else None}
+    finally:
+        if parent is not None:
+            parent.finish(status)
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def _probe_params(sweep: Sweep) -> list[dict[str, Any]]:
+    """Parameter sets that cover every value that can change a trial's size."""
+    probes = [{}]
+    for key, domain in sweep.spec.search_space.items():
+        probes += [{key: value} for value in domain.probe_values()]
+    return probes
+
+
+def _scheduler(sweep: Sweep) -> Any:
+    spec = sweep.spec
+    if spec.scheduler != "asha":
+        return None
+    from ray.tune.schedulers import ASHAScheduler
+
+    budget = validate_spec(sweep.base_raw).budget.env_steps
+    return ASHAScheduler(time_attr="env/steps", max_t=budget, grace_period=spec.asha.grace_period,
+                         reduction_factor=spec.asha.reduction_factor)
+
+
+def _searcher(sweep: Sweep) -> Any:
+    if sweep.spec.searcher != "optuna":
+        return None
+    from ray.tune.search.optuna import OptunaSearch
+
+    return OptunaSearch(seed=validate_spec(sweep.base_raw).seed)
+
+
+def _row(result: Any, metric: str) -> dict[str, Any]:
+    metrics = result.metrics or {}
+    config = result.config or {}
+    return {
+        "trial_id": metrics.get("trial_id") or Path(result.path).name,
+        "params": config.get("params", {}),
+        "metric": metrics.get(metric),
+        "env_steps": metrics.get("env/steps"),
+        "resumed": bool(metrics.get("resumed", 0.0)),
+        "error": None if result.error is None else str(result.error).splitlines()[0][:300],
+    }
+
+
+def trials_table(outcome: dict[str, Any], metric: str) -> str:
+    """The sweep's trials as a text table (params, metric, env steps, status), best marked."""
+    from rich.console import Console
+    from rich.table import Table
+
+    trials = outcome["trials"]
+    keys = sorted({key for trial in trials for key in trial["params"]})
+    table = Table(title=f"sweep trials (metric {metric}, last report)")
+    for column in ["trial", *keys, metric, "env steps", "status"]:
+        table.add_column(column)
+    best = outcome["best"]["trial_id"] if outcome["best"] else None
+    for trial in trials:
+        status = "error: " + trial["error"] if trial["error"] else ("resumed, done" if trial["resumed"] else "done")
+        value = "-" if trial["metric"] is None else f"{trial['metric']:.4g}"
+        table.add_row(
+            trial["trial_id"] + (" (best)" if trial["trial_id"] == best else ""),
+            *[str(trial["params"].get(key, "")) for key in keys],
+            value, str(int(trial["env_steps"] or 0)), status,
+        )
+    console = Console(width=160, record=True)
+    with console.capture() as capture:
+        console.print(table)
+        if outcome["best"]:
+            console.print(f"best: {outcome['best']['trial_id']} {outcome['best']['params']} "
+                          f"{metric} {outcome['best']['metric']:.4g}")
+    return capture.get()

@@ -1,0 +1,106 @@
+"""Tune trainables. A trial is one whole actor graph: its placement group holds a bundle for the
+trial's driver (this function) followed by the experiment spec's own bundles, and the Trainer puts
+its actors into those (`aa_ray.runtime.cluster.placement`), so Tune never oversubscribes the
+cluster. A trial reports every evaluation and checkpoint to Tune; a retried trial resumes from its
+last checkpoint and keeps writing into the same MLflow run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ray import tune
+
+from aa_ray.spec.experiment import ExperimentSpec
+from aa_ray.spec.loader import spec_hash, validate_spec
+from aa_ray.tracking.mlflow_tracker import PARENT_TAG, RunContext, retry_locked
+
+DRIVER_CPUS = 0.5  # the trial's own process mostly waits on its actors
+TRIAL_TAG = "aa_ray.trial_id"
+
+
+def trial_resources(spec: ExperimentSpec) -> tune.PlacementGroupFactory:
+    return tune.PlacementGroupFactory([{"CPU": DRIVER_CPUS}, *spec.bundles()])
+
+
+def trial_cpus(spec: ExperimentSpec) -> float:
+    return DRIVER_CPUS + sum(bundle.get("CPU", 0.0) for bundle in spec.bundles())
+
+
+def run_context(config: dict[str, Any], trial_id: str) -> RunContext:
+    """The trial's MLflow run: nested under the sweep's or pipeline's parent; a retried trial that
+    had not checkpointed yet finds the run its first attempt created instead of starting another."""
+    from mlflow.tracking import MlflowClient
+
+    tracking = config["tracking"]
+    tags = {**tracking["tags"], TRIAL_TAG: trial_id}
+    client = MlflowClient(tracking_uri=tracking["uri"])
+    earlier = retry_locked(
+        lambda: client.search_runs(
+            [tracking["experiment_id"]],
+            filter_string=f"tags.`{PARENT_TAG}` = '{tracking['parent_run_id']}' and tags.`{TRIAL_TAG}` = '{trial_id}'",
+        )
+    )
+    return RunContext(
+        tracking_uri=tracking["uri"], parent_run_id=tracking["parent_run_id"], run_name=tracking["run_name"],
+        tags=tags, run_id=earlier[0].info.run_id if earlier else None,
+    )
+
+
+def train_trial(config: dict[str, Any]) -> None:
+    """Train one experiment spec (`config["spec"]`, a raw dict) inside a Tune trial."""
+    from aa_ray.runtime.checkpoint import load_checkpoint
+    from aa_ray.runtime.trainer import Trainer
+
+    context = tune.get_context()
+    spec = validate_spec(config["spec"], source=f"trial {context.get_trial_name()}")
+    resume = None
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is not None:  # a retry: continue where the last reported checkpoint left off
+        resume = load_checkpoint(checkpoint.to_directory())
+        print(f"trial {context.get_trial_name()}: resuming from {resume['counters']['env_steps']:,} env steps")
+
+    def report(metrics: dict[str, float], folder: Path | None) -> None:
+        result = {**metrics, "spec_hash": spec_hash(spec), "resumed": float(resume is not None)}
+        tune.report(result, checkpoint=tune.Checkpoint.from_directory(folder) if folder else None)
+
+    trainer = Trainer(
+        spec, run_dir=Path(config["run_dir"]), resume=resume, live=False,
+        context=run_context(config, context.get_trial_id()) if config["tracking"] else None, reporter=report,
+    )
+    trainer.run()
+
+
+def rollout_trial(config: dict[str, Any]) -> None:
+    """Record a dataset (`aa_ray.data.rollout`) inside a Tune trial; the MLflow child run holds its
+    summary. Reports the summary once."""
+    from mlflow.entities import Metric, Param
+    from mlflow.tracking import MlflowClient
+
+    from aa_ray.data.rollout import rollout
+    from aa_ray.tracking.mlflow_tracker import start_run
+
+    context = tune.get_context()
+    spec = validate_spec(config["spec"], source=f"trial {context.get_trial_name()}")
+    summary = rollout(
+        spec, config["out"], config["episodes"], checkpoint=config["checkpoint"], scripted=config["scripted"],
+        deterministic=config["deterministic"], report=print,
+    )
+    tracking = config["tracking"]
+    if tracking:
+        client = MlflowClient(tracking_uri=tracking["uri"])
+        tags = {**tracking["tags"], PARENT_TAG: tracking["parent_run_id"], "mlflow.runName": tracking["run_name"],
+                "env": spec.env.id, "dataset": summary["path"]}
+        run_id = start_run(client, spec.tracking.experiment, tags)
+        params = {"episodes": config["episodes"], "policy": config["checkpoint"] or "scripted",
+                  "deterministic": config["deterministic"]}
+        names = ("episodes", "transitions", "mean_return", "mean_final_distance")
+        metrics = {k: summary[k] for k in names if k in summary}
+        retry_locked(lambda: client.log_batch(
+            run_id, metrics=[Metric(f"rollout/{k}", float(v), 0, 0) for k, v in metrics.items()],
+            params=[Param(k, str(v)) for k, v in params.items()],
+        ))
+        retry_locked(lambda: client.set_terminated(run_id))
+        summary["mlflow_run_id"] = run_id
+    tune.report({"transitions": float(summary["transitions"]), "mean_return": summary["mean_return"],
+                 "mlflow_run_id": summary.get("mlflow_run_id", "")})
