@@ -178,6 +178,8 @@ def _tune_command(args: argparse.Namespace) -> int:
         loaded = load_sweep(args.spec) if args.command == "sweep" else load_pipeline(args.spec)
     except SpecError as err:
         return _fail(str(err))
+    from aa_ray.runtime.cluster import ResourceError
+
     try:
         if args.command == "sweep":
             from aa_ray.tune.sweep import run_sweep, trials_table
@@ -197,6 +199,8 @@ def _tune_command(args: argparse.Namespace) -> int:
         for name, stage in outcome["stages"].items():
             print(f"{name}: {stage['status']}  {stage['output']}")
         return 0
+    except ResourceError as err:
+        return _fail(str(err), code=1)
     except KeyboardInterrupt:
         return _fail("interrupted", code=130)
 

@@ -38,10 +38,8 @@ def connect(spec: ExperimentSpec | None, cpus: float | None = None) -> bool:
     return True
 
 
-def reserve(spec: ExperimentSpec, bundles: list[dict[str, float]] | None = None) -> PlacementGroup:
-    """Create the run's placement group (`spec.bundles()` unless `bundles` is given); fail fast,
-    naming the resource, if the cluster cannot hold it or cannot place it in time."""
-    bundles = spec.bundles() if bundles is None else bundles
+def check_capacity(bundles: list[dict[str, float]], what: str = "the spec") -> None:
+    """ResourceError, naming the resource, if the whole cluster could never hold these bundles."""
     wanted: dict[str, float] = {}
     for bundle in bundles:
         for resource, amount in bundle.items():
@@ -50,9 +48,16 @@ def reserve(spec: ExperimentSpec, bundles: list[dict[str, float]] | None = None)
     for resource, amount in wanted.items():
         if total.get(resource, 0.0) < amount:
             raise ResourceError(
-                f"the spec needs {amount:g} {resource} in total (bundles {bundles}) but the Ray cluster "
+                f"{what} needs {amount:g} {resource} in total (bundles {bundles}) but the Ray cluster "
                 f"has {total.get(resource, 0.0):g}; lower runners.*/learners.* resources or add nodes."
             )
+
+
+def reserve(spec: ExperimentSpec, bundles: list[dict[str, float]] | None = None) -> PlacementGroup:
+    """Create the run's placement group (`spec.bundles()` unless `bundles` is given); fail fast,
+    naming the resource, if the cluster cannot hold it or cannot place it in time."""
+    bundles = spec.bundles() if bundles is None else bundles
+    check_capacity(bundles)
     group = placement_group(bundles, strategy="PACK")
     ready, _ = ray.wait([group.ready()], timeout=spec.runtime.resource_timeout_s)
     if not ready:

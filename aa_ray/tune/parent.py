@@ -33,8 +33,9 @@ class ParentRun:
         self.uri = resolved_tracking_uri()
         self.client = MlflowClient(tracking_uri=self.uri)
         self.experiment, self.kind, self.name = experiment, kind, name
-        self.tags = {KIND_TAG: kind, f"aa_ray.{kind}": name}
-        self.run_id = start_run(self.client, experiment, {**self.tags, "mlflow.runName": run_name, **(tags or {})})
+        self.tags = {f"aa_ray.{kind}": name}  # on the parent and every child
+        parent_tags = {**self.tags, KIND_TAG: kind, "mlflow.runName": run_name, **(tags or {})}
+        self.run_id = start_run(self.client, experiment, parent_tags)
         self.experiment_id = self.client.get_run(self.run_id).info.experiment_id
 
     def child_tracking(self, run_name: str, tags: dict[str, str]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import set_values, spec_hash, validate_spec
 from aa_ray.tune.parent import ParentRun, absolute_paths
 from aa_ray.tune.specs import Pipeline, RolloutStage, parse_reference
-from aa_ray.tune.trials import DRIVER_CPUS, rollout_trial, train_trial, trial_cpus, trial_resources
+from aa_ray.tune.trials import DRIVER_CPUS, rollout_trial, train_trial
 
 RECORD_FILE = "stage.json"  # written last, when a stage completed: its key, outputs and MLflow run
 DATASET_FILE = "dataset.parquet"
@@ -81,15 +81,8 @@ class StagePlan:
         record = json.loads(path.read_text())
         return record if record.get("key") == self.key else None
 
-    def resources(self) -> tune.PlacementGroupFactory:
-        if isinstance(self.stage, RolloutStage):
-            return tune.PlacementGroupFactory([{"CPU": DRIVER_CPUS}, *rollout_bundles(self.spec)])
-        return trial_resources(self.spec)
-
-    def cpus(self) -> float:
-        if isinstance(self.stage, RolloutStage):
-            return DRIVER_CPUS + sum(b["CPU"] for b in rollout_bundles(self.spec))
-        return trial_cpus(self.spec)
+    def bundles(self) -> list[dict[str, float]]:
+        return stage_bundles(self.stage, self.spec)
 
     def trial_config(self, tracking: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
         spec_raw = self.spec.model_dump(mode="json")
@@ -100,6 +93,12 @@ class StagePlan:
                 "deterministic": self.stage.deterministic, "tracking": tracking,
             }
         return train_trial, {"spec": spec_raw, "run_dir": str(self.folder), "tracking": tracking}
+
+
+def stage_bundles(stage: Any, spec: ExperimentSpec) -> list[dict[str, float]]:
+    """A stage trial's placement group: the trial's own bundle, then its runs' actors."""
+    actors = rollout_bundles(spec) if isinstance(stage, RolloutStage) else spec.bundles()
+    return [{"CPU": DRIVER_CPUS}, *actors]
 
 
 def pipeline_root(pipeline: Pipeline) -> Path:
@@ -140,9 +139,9 @@ def run_pipeline(pipeline: Pipeline, force: bool = False, track: bool = True, re
                 stages[stage_name] = {"status": "reused", "output": str(plan.output), "mlflow_run_id": run_id}
             else:
                 report(f"stage {stage_name}: running {plan.stage.kind} (key {plan.key}) in {plan.folder}")
-                if not started_ray:
-                    cpus = max(plan.cpus(), *_cpus_hint(pipeline))
-                    started_ray = cluster.connect(None, cpus=cpus)
+                if not started_ray:  # an embedded Ray is sized for the largest stage
+                    started_ray = cluster.connect(None, cpus=_largest_stage_cpus(pipeline))
+                cluster.check_capacity(plan.bundles(), what=f"stage {stage_name!r}")
                 tracking = parent.child_tracking(run_name, tags) if parent else None
                 _run_stage(plan, tracking, pipeline.spec.max_failures, root)
                 run_id = _child_run_id(parent, plan.key)
@@ -164,20 +163,17 @@ def run_pipeline(pipeline: Pipeline, force: bool = False, track: bool = True, re
             ray.shutdown()
 
 
-def _cpus_hint(pipeline: Pipeline) -> list[float]:
-    """CPUs of the stages whose size is known before their inputs exist (train stages)."""
-    hints = [0.0]
-    for name in pipeline.order:
-        stage = pipeline.spec.stages[name]
-        if stage.kind == "train" and not stage.inputs:
-            hints.append(trial_cpus(validate_spec(pipeline.raws[name])))
-    return hints
+def _largest_stage_cpus(pipeline: Pipeline) -> float:
+    return max(
+        sum(bundle.get("CPU", 0.0) for bundle in stage_bundles(pipeline.spec.stages[name], pipeline.checked[name]))
+        for name in pipeline.order
+    )
 
 
 def _run_stage(plan: StagePlan, tracking: dict[str, Any] | None, max_failures: int, root: Path) -> None:
     trainable, config = plan.trial_config(tracking)
     tuner = tune.Tuner(
-        tune.with_resources(trainable, plan.resources()),
+        tune.with_resources(trainable, tune.PlacementGroupFactory(plan.bundles())),
         param_space=config,
         run_config=tune.RunConfig(
             name=f"{plan.name}-{plan.key}", storage_path=str(root / "tune"),

@@ -176,8 +176,10 @@ class PipelineSpec(SpecModel):
 class Pipeline:
     """A validated pipeline: its spec, the stage order, and each stage's raw experiment spec."""
 
-    def __init__(self, spec: PipelineSpec, path: Path, order: list[str], raws: dict[str, dict[str, Any]]):
+    def __init__(self, spec: PipelineSpec, path: Path, order: list[str], raws: dict[str, dict[str, Any]],
+                 checked: dict[str, ExperimentSpec]):
         self.spec, self.path, self.order, self.raws = spec, path, order, raws
+        self.checked = checked  # each stage's spec with placeholders for its inputs (its size is known)
 
 
 def parse_reference(reference: str) -> tuple[str, str]:
@@ -206,6 +208,7 @@ def load_pipeline(path: str | Path) -> Pipeline:
                 )
     order = _dependency_order(spec, path)
     raws: dict[str, dict[str, Any]] = {}
+    checked: dict[str, ExperimentSpec] = {}
     for name in order:
         stage = spec.stages[name]
         if stage.spec is not None:
@@ -213,12 +216,12 @@ def load_pipeline(path: str | Path) -> Pipeline:
         else:  # a rollout of a trained policy runs with that stage's spec
             raw = set_values(raws[parse_reference(stage.policy)[0]], stage.set, source=f"{path} stage {name} set")
         if isinstance(stage, TrainStage):  # placeholders now; the real paths once the inputs exist
-            checked = set_values(raw, {key: f"<{reference}>" for key, reference in stage.inputs.items()})
-            validate_spec(checked, source=f"{path} stage {name!r} ({stage.spec} with set and inputs)")
+            placeholders = set_values(raw, {key: f"<{reference}>" for key, reference in stage.inputs.items()})
+            checked[name] = validate_spec(placeholders, source=f"{path} stage {name!r} ({stage.spec}, set, inputs)")
         else:
-            validate_spec(raw, source=f"{path} stage {name!r}")
+            checked[name] = validate_spec(raw, source=f"{path} stage {name!r}")
         raws[name] = raw
-    return Pipeline(spec, path, order, raws)
+    return Pipeline(spec, path, order, raws, checked)
 
 
 def _dependency_order(spec: PipelineSpec, path: Path) -> list[str]:

@@ -15,7 +15,7 @@ from ray import tune
 from aa_ray.spec.loader import set_values, validate_spec
 from aa_ray.tune.parent import ParentRun, absolute_paths
 from aa_ray.tune.specs import Sweep
-from aa_ray.tune.trials import train_trial, trial_cpus, trial_resources
+from aa_ray.tune.trials import train_trial, trial_bundles
 
 
 def short_params(params: dict[str, Any]) -> str:
@@ -52,15 +52,19 @@ def run_sweep(sweep: Sweep, track: bool = True, report: Any = print) -> dict[str
         report(f"mlflow parent run: {parent.run_id} (experiment {base_spec.tracking.experiment!r})")
 
     # the embedded Ray holds max_concurrent_trials of the largest trial (a running cluster is used as is)
-    largest = max(trial_cpus(sweep.trial_spec(params)) for params in _probe_params(sweep))
-    started_ray = cluster.connect(None, cpus=largest * spec.max_concurrent_trials)
+    sizes = [trial_bundles(sweep.trial_spec(params)) for params in _probe_params(sweep)]
+    largest = max(sizes, key=lambda bundles: sum(bundle.get("CPU", 0.0) for bundle in bundles))
+    started_ray = cluster.connect(None, cpus=sum(b.get("CPU", 0.0) for b in largest) * spec.max_concurrent_trials)
     status = "FAILED"
     try:
+        cluster.check_capacity(largest, what="the sweep's largest trial")  # else Tune would wait forever
         trainable = tune.with_parameters(
             sweep_trial, base=base, root=str(root), tracking=parent.child_tracking(spec.name, {}) if parent else None
         )
         # each trial's placement group: a bundle for the trial itself, then its own spec's bundles
-        resources = lambda config: trial_resources(validate_spec(set_values(base, config["params"])))  # noqa: E731
+        resources = lambda config: tune.PlacementGroupFactory(  # noqa: E731
+            trial_bundles(validate_spec(set_values(base, config["params"])))
+        )
         tuner = tune.Tuner(
             tune.with_resources(trainable, resources),
             param_space={"params": {key: domain.to_tune() for key, domain in spec.search_space.items()}},

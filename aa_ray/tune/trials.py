@@ -19,12 +19,9 @@ DRIVER_CPUS = 0.5  # the trial's own process mostly waits on its actors
 TRIAL_TAG = "aa_ray.trial_id"
 
 
-def trial_resources(spec: ExperimentSpec) -> tune.PlacementGroupFactory:
-    return tune.PlacementGroupFactory([{"CPU": DRIVER_CPUS}, *spec.bundles()])
-
-
-def trial_cpus(spec: ExperimentSpec) -> float:
-    return DRIVER_CPUS + sum(bundle.get("CPU", 0.0) for bundle in spec.bundles())
+def trial_bundles(spec: ExperimentSpec) -> list[dict[str, float]]:
+    """A training trial's placement group: the trial's own bundle, then the run's actors."""
+    return [{"CPU": DRIVER_CPUS}, *spec.bundles()]
 
 
 def run_context(config: dict[str, Any], trial_id: str) -> RunContext:

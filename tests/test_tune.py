@@ -1,0 +1,190 @@
+"""Sweeps and pipelines end to end on a real local Ray, real Tune and a real MLflow store (SQLite in
+the test's folder), with tiny budgets; and the bad sweep/pipeline files rejected before anything
+starts."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from aa_ray import cli
+from aa_ray.data.dataset import read_dataset
+from aa_ray.runtime.checkpoint import load_checkpoint
+from aa_ray.spec.loader import SpecError
+from aa_ray.tune.pipeline import PipelineError, run_pipeline
+from aa_ray.tune.specs import load_pipeline, load_sweep
+from aa_ray.tune.sweep import run_sweep
+
+SPECS = Path(__file__).resolve().parents[1] / "specs"
+TINY_EVAL = {"eval.every_env_steps": 500, "eval.episodes": 2}
+TINY_SAC = {"algo.hidden_dims": [32, 32], "algo.batch_size": 64, "algo.warm_up_steps": 300, **TINY_EVAL}
+
+
+def write(path: Path, document: dict) -> Path:
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def children(client: MlflowClient, parent_id: str) -> list:
+    experiment = client.get_run(parent_id).info.experiment_id
+    return client.search_runs([experiment], filter_string=f"tags.`mlflow.parentRunId` = '{parent_id}'")
+
+
+def kill_a_learner_once_two_trials_checkpointed(stop: threading.Event, killed: list[int]) -> None:
+    """Chaos for the sweep: once both running trials have written a checkpoint (and neither has
+    finished), SIGKILL one learner actor process, as a crashed machine or OOM kill would."""
+    while not stop.is_set():
+        trials = [d for d in Path.cwd().glob("runs/sweep-*/*") if (d / "checkpoints").is_dir()]
+        running = [d for d in trials if any((d / "checkpoints").glob("step_*"))
+                   and not (d / "checkpoints" / "final").exists()]
+        if len(running) >= 2:
+            for process in psutil.process_iter(["cmdline"]):
+                if (process.info["cmdline"] or [""])[0].startswith("ray::Learner"):
+                    process.kill()
+                    killed.append(process.pid)
+                    return
+        time.sleep(0.05)
+
+
+def test_sweep_grid_with_a_killed_trial(tmp_path: Path) -> None:
+    """A 2x2 grid over algo.utd_ratio x algo.bee_lambda, two trials at a time: every trial finishes
+    its budget; the trial whose learner was killed mid-run is retried from its last checkpoint and
+    completes; MLflow holds one parent with exactly four children, each with its own params."""
+    sweep_file = write(tmp_path / "sweep.yaml", {
+        "name": "utd_bee_tiny", "base": str(SPECS / "sac_bee.yaml"),
+        "set": {**TINY_SAC, "budget.env_steps": 2000, "checkpoint.every_env_steps": 500},
+        "search_space": {"algo.utd_ratio": {"grid": [1, 2]}, "algo.bee_lambda": {"grid": [0.25, 0.5]}},
+        "metric": "eval/distance", "mode": "min", "max_concurrent_trials": 2, "max_failures": 1,
+    })
+    stop, killed = threading.Event(), []
+    chaos = threading.Thread(target=kill_a_learner_once_two_trials_checkpointed, args=(stop, killed), daemon=True)
+    chaos.start()
+    try:
+        outcome = run_sweep(load_sweep(sweep_file))
+    finally:
+        stop.set()
+    assert killed, "the chaos thread never found two running trials with checkpoints"
+
+    trials = outcome["trials"]
+    assert sorted((t["params"]["algo.utd_ratio"], t["params"]["algo.bee_lambda"]) for t in trials) == [
+        (1, 0.25), (1, 0.5), (2, 0.25), (2, 0.5)]
+    assert all(t["error"] is None and t["env_steps"] >= 2000 for t in trials), trials
+    assert sum(t["resumed"] for t in trials) == 1, trials  # the killed one, resumed from its checkpoint
+    assert outcome["best"]["metric"] == min(t["metric"] for t in trials)
+
+    client = MlflowClient()
+    parent = client.get_run(outcome["parent_run_id"])
+    assert parent.data.tags["aa_ray.kind"] == "sweep" and parent.info.status == "FINISHED"
+    runs = children(client, parent.info.run_id)
+    assert len(runs) == 4  # the retried trial continued its run instead of starting a fifth
+    for run in runs:
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["aa_ray.sweep"] == "utd_bee_tiny"
+        sampled = yaml.safe_load(run.data.tags["aa_ray.params"])
+        assert float(run.data.params["algo.bee_lambda"]) == sampled["algo.bee_lambda"]
+        assert int(run.data.params["algo.utd_ratio"]) == sampled["algo.utd_ratio"]
+        assert "eval/distance" in run.data.metrics
+
+
+def pipeline_document(rlpd_seed: int) -> dict:
+    return {"name": "tiny_rlpd", "stages": {
+        "ppo": {"kind": "train", "spec": str(SPECS / "ppo.yaml"), "set": {
+            "budget.env_steps": 2048, "algo.hidden_dims": [32, 32], "checkpoint.every_env_steps": None, **TINY_EVAL}},
+        "rollouts": {"kind": "rollout", "policy": "ppo.checkpoint", "episodes": 6},
+        "rlpd": {"kind": "train", "spec": str(SPECS / "rlpd.yaml"), "inputs": {"algo.prior_data": "rollouts.dataset"},
+                 "set": {**TINY_SAC, "algo.warm_up_steps": 100, "budget.env_steps": 600, "seed": rlpd_seed,
+                         "checkpoint.every_env_steps": None}},
+    }}
+
+
+def test_pipeline_ppo_rollout_rlpd_then_reuse(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """PPO -> rollout (a Parquet dataset of its policy) -> RLPD on that dataset, each stage a Tune
+    trial. A second invocation with the RLPD stage changed reuses the first two stages and reruns
+    only RLPD. Each invocation is one MLflow parent with three children."""
+    pipeline_file = write(tmp_path / "pipeline.yaml", pipeline_document(rlpd_seed=0))
+    assert cli.main(["pipeline", str(pipeline_file)]) == 0
+    first = capsys.readouterr().out
+    assert first.count(": running ") == 3 and "reused" not in first
+
+    root = tmp_path / "runs" / "pipelines" / "tiny_rlpd"
+    (dataset_file,) = root.glob("rollouts-*/dataset.parquet")
+    dataset = read_dataset(dataset_file, expect_env_id="aa_ray/PusherReach-v0")
+    assert dataset.num_rows == 6 * 50  # six whole episodes of the 50-step task
+    assert Path(dataset.meta.producer).parent.parent.name.startswith("ppo-")  # made by the PPO stage's policy
+    (rlpd_checkpoint,) = root.glob("rlpd-*/checkpoints/final")
+    assert load_checkpoint(rlpd_checkpoint)["spec"]["algo"]["prior_data"] == str(dataset_file)
+
+    write(pipeline_file, pipeline_document(rlpd_seed=1))
+    assert cli.main(["pipeline", str(pipeline_file)]) == 0
+    second = capsys.readouterr().out
+    assert "stage ppo: reused" in second and "stage rollouts: reused" in second
+    assert "stage rlpd: running" in second and len(list(root.glob("rlpd-*/checkpoints/final"))) == 2
+
+    client = MlflowClient()
+    parents = client.search_runs(
+        [client.get_experiment_by_name("aa-ray").experiment_id], filter_string="tags.`aa_ray.kind` = 'pipeline'",
+        order_by=["attributes.start_time ASC"],
+    )
+    assert len(parents) == 2
+    first_children, second_children = (
+        {run.data.tags["aa_ray.stage"]: run for run in children(client, p.info.run_id)} for p in parents
+    )
+    assert sorted(first_children) == sorted(second_children) == ["ppo", "rlpd", "rollouts"]
+    for stage in ("ppo", "rollouts"):  # reused: the new child points at the run that made the output
+        assert second_children[stage].data.tags["aa_ray.reused_from"] == first_children[stage].info.run_id
+    assert "aa_ray.reused_from" not in second_children["rlpd"].data.tags
+    assert first_children["rlpd"].data.metrics["replay/prior_size"] == 6 * 50
+    assert first_children["rollouts"].data.metrics["rollout/transitions"] == 6 * 50
+
+
+def test_a_failing_stage_stops_the_pipeline_and_keeps_earlier_outputs(tmp_path: Path) -> None:
+    pipeline_file = write(tmp_path / "pipeline.yaml", {"name": "broken", "stages": {
+        "demos": {"kind": "rollout", "scripted": True, "spec": str(SPECS / "rlpd.yaml"), "episodes": 2},
+        "train": {"kind": "train", "spec": str(SPECS / "rlpd.yaml"), "inputs": {"algo.prior_data": "demos.dataset"},
+                  "set": {**TINY_SAC, "env.kwargs": {"no_such_argument": 1}}},
+    }})
+    with pytest.raises(PipelineError, match="stage 'train' \\(train\\) failed: .*no_such_argument") as failure:
+        run_pipeline(load_pipeline(pipeline_file), track=False)
+    assert "Completed stages keep their outputs" in str(failure.value)
+    assert len(list((tmp_path / "runs" / "pipelines" / "broken").glob("demos-*/dataset.parquet"))) == 1
+
+
+@pytest.mark.parametrize(("document", "message"), [
+    ({"search_space": {"algo.utd_ration": {"grid": [1, 2]}}}, "algo.utd_ration: unknown key"),
+    ({"search_space": {"algo.utd_ratio": {"grid": [1, 0]}}}, "algo.utd_ratio = 0 does not make a valid spec"),
+    ({"search_space": {"algo.tau": {"uniform": [0.1, 0.01]}}}, "uniform needs low < high"),
+    ({"search_space": {"algo.tau": {"grid": [0.1]}}, "searcher": "optuna"}, "optuna cannot search grids"),
+    ({"search_space": {"algo.tau": {"choice": [0.1]}}, "metric": "eval/retrun"}, "metric"),
+    ({"search_space": {"algo.tau": {"choice": [0.1]}}, "samples": 3}, "samples: unknown key"),
+])
+def test_bad_sweep_files_are_rejected_before_anything_starts(tmp_path: Path, document: dict, message: str) -> None:
+    sweep_file = write(tmp_path / "sweep.yaml", {"name": "bad", "base": str(SPECS / "sac.yaml"), **document})
+    with pytest.raises(SpecError, match=message):
+        load_sweep(sweep_file)
+
+
+@pytest.mark.parametrize(("stages", "message"), [
+    ({"a": {"kind": "rollout", "policy": "trainer.checkpoint", "episodes": 2}},
+     "refers to stage 'trainer', which the pipeline does not have"),
+    ({"a": {"kind": "train", "spec": "PPO", "inputs": {"algo.prior_data": "b.dataset"}},
+      "b": {"kind": "rollout", "policy": "a.checkpoint", "episodes": 2}},
+     "cycle \\(a -> b -> a\\)"),
+    ({"a": {"kind": "train", "spec": "PPO"}, "b": {"kind": "rollout", "policy": "a.dataset", "episodes": 2}},
+     "a train stage's output is a.checkpoint"),
+    ({"a": {"kind": "train", "spec": "PPO", "set": {"algo.clip": 0.1}}}, "algo.clip: unknown key"),
+    ({"a": {"kind": "rollout", "episodes": 2}}, "exactly one of policy"),
+])
+def test_bad_pipeline_files_are_rejected_before_anything_starts(tmp_path: Path, stages: dict, message: str) -> None:
+    for stage in stages.values():
+        if stage.get("spec") == "PPO":
+            stage["spec"] = str(SPECS / "ppo.yaml")
+    pipeline_file = write(tmp_path / "pipeline.yaml", {"name": "bad", "stages": stages})
+    with pytest.raises(SpecError, match=message):
+        load_pipeline(pipeline_file)
+    assert cli.main(["pipeline", str(pipeline_file)]) == 2 and not (tmp_path / "runs").exists()
