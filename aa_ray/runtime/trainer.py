@@ -350,7 +350,7 @@ class Trainer:
             self._log_checkpoint(final)
             self.tracker.flush()
         if self.reporter is not None:
-            self.reporter(self.last_metrics, final)
+            self.reporter({**self.last_metrics, "run/finished": 1.0}, final)
         return {
             "env_steps": c.env_steps,
             "evals": c.evals,

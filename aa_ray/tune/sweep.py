@@ -18,9 +18,12 @@ from aa_ray.tune.specs import Sweep
 from aa_ray.tune.trials import train_trial, trial_bundles
 
 
+def _format(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
 def short_params(params: dict[str, Any]) -> str:
-    return ",".join(f"{key.rsplit('.', 1)[-1]}={value:.4g}" if isinstance(value, float) else
-                    f"{key.rsplit('.', 1)[-1]}={value}" for key, value in params.items())
+    return ",".join(f"{key.rsplit('.', 1)[-1]}={_format(value)}" for key, value in params.items())
 
 
 def sweep_trial(config: dict[str, Any], base: dict[str, Any], root: str, tracking: dict[str, Any] | None) -> None:
@@ -140,6 +143,7 @@ def _row(result: Any, metric: str) -> dict[str, Any]:
         "metric": metrics.get(metric),
         "env_steps": metrics.get("env/steps"),
         "resumed": bool(metrics.get("resumed", 0.0)),
+        "finished": bool(metrics.get("run/finished", 0.0)),  # else a scheduler (ASHA) stopped it early
         "error": None if result.error is None else str(result.error).splitlines()[0][:300],
     }
 
@@ -156,11 +160,14 @@ def trials_table(outcome: dict[str, Any], metric: str) -> str:
         table.add_column(column)
     best = outcome["best"]["trial_id"] if outcome["best"] else None
     for trial in trials:
-        status = "error: " + trial["error"] if trial["error"] else ("resumed, done" if trial["resumed"] else "done")
+        if trial["error"]:
+            status = "error: " + trial["error"]
+        else:
+            status = ("done" if trial["finished"] else "stopped early") + (" (resumed)" if trial["resumed"] else "")
         value = "-" if trial["metric"] is None else f"{trial['metric']:.4g}"
         table.add_row(
             trial["trial_id"] + (" (best)" if trial["trial_id"] == best else ""),
-            *[str(trial["params"].get(key, "")) for key in keys],
+            *[_format(trial["params"].get(key, "")) for key in keys],
             value, str(int(trial["env_steps"] or 0)), status,
         )
     console = Console(width=160, record=True)
