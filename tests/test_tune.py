@@ -150,9 +150,15 @@ def test_a_failing_stage_stops_the_pipeline_and_keeps_earlier_outputs(tmp_path: 
         "train": {"kind": "train", "spec": str(SPECS / "rlpd.yaml"), "inputs": {"algo.prior_data": "demos.dataset"},
                   "set": {**TINY_SAC, "env.kwargs": {"no_such_argument": 1}}},
     }})
-    with pytest.raises(PipelineError, match="stage 'train' \\(train\\) failed: .*no_such_argument") as failure:
-        run_pipeline(load_pipeline(pipeline_file), track=False)
-    assert "Completed stages keep their outputs" in str(failure.value)
+    """The failed stage is named, the completed one keeps its output and is reused by the next
+    invocation (which fails at the same stage again); --force reruns it."""
+    messages: list[str] = []
+    for force in (False, False, True):
+        with pytest.raises(PipelineError, match="stage 'train' \\(train\\) failed: .*no_such_argument") as failure:
+            run_pipeline(load_pipeline(pipeline_file), force=force, track=False, report=messages.append)
+        assert "Completed stages keep their outputs" in str(failure.value)
+    demos = [m.split(":")[1].split()[0] for m in messages if m.startswith("stage demos")]
+    assert demos == ["running", "reused,", "running"]
     assert len(list((tmp_path / "runs" / "pipelines" / "broken").glob("demos-*/dataset.parquet"))) == 1
 
 
