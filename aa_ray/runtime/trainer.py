@@ -17,6 +17,13 @@ for (the UTD ratio holds on average), and the runners stop collecting when they 
 updates ahead. A learner update also waits while any runner acts with weights older than
 `runtime.max_policy_lag` versions, which bounds the policy lag logged as `runtime/policy_lag_max`.
 
+On-policy algorithms (PPO) have no replay actor and no overlap: every runner collects a rollout
+of `train_every` steps per env with the current weights, the learners update on all of them, and
+the new weights reach the runners before their next rollout.
+
+Inside a Tune trial (`aa_ray.tune`) the actors go into the trial's own placement group, and a
+`reporter` hands each evaluation and checkpoint to Tune.
+
 Every call is coarse: one per actor per iteration; transitions and weights move between actors
 as object refs and never pass through the driver.
 
@@ -348,7 +355,7 @@ class Trainer:
             )
         if self.tracker is not None:
             self._log_checkpoint(final)
-            self.tracker.flush()
+            self.tracker.flush()  # before the final report: Tune may end a trial's process right after it
         if self.reporter is not None:
             self.reporter({**self.last_metrics, "run/finished": 1.0}, final)
         return {
@@ -544,7 +551,7 @@ class Trainer:
             metrics["train/final_distance"] = float(np.mean(w.distances))
 
         stop_reason = "budget" if c.env_steps >= spec.budget.env_steps else None
-        evaluated = c.env_steps >= c.next_eval or stop_reason
+        evaluated = c.env_steps >= c.next_eval or stop_reason is not None
         if evaluated:
             evaluation = self._evaluate()
             metrics.update(evaluation)
