@@ -37,10 +37,6 @@ class Domain(SpecModel):
             raise ValueError(f"{given[0]} needs low < high, got {list(bounds)}")
         return self
 
-    @property
-    def kind(self) -> str:
-        return next(name for name in ("grid", "choice", "uniform", "loguniform") if getattr(self, name) is not None)
-
     def probe_values(self) -> list[Any]:
         """Values that stand for the whole domain when checking it against the spec."""
         return list(self.grid or self.choice or self.uniform or self.loguniform)
