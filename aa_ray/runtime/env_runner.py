@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Any
 
@@ -13,6 +14,7 @@ from aa_ray.algos import build_policy
 from aa_ray.algos.knobs import return_moments
 from aa_ray.data import dataset as ds
 from aa_ray.data.scripted import scripted_controllers
+from aa_ray.runtime.metrics import RunMetrics, run_tag
 from aa_ray.runtime.nstep import NStepWindow
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import SpecError
@@ -159,6 +161,7 @@ class EnvRunner:
         self.nstep = NStepWindow(self.num_envs, n_step, self.gamma) if n_step > 1 else None
         self.eval_envs: gym.vector.VectorEnv | None = None
         self.recorder: EpisodeRecorder | None = None  # rollout() state, made on first use
+        self.metrics = RunMetrics(run_tag(spec), runner=index)
 
     def set_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         if version != self.policy_version:
@@ -172,6 +175,7 @@ class EnvRunner:
     def sample(self, num_steps: int, random_actions: bool) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """Step every env `num_steps` times. Returns (transitions, stats); stats include the moments
         of raw observations and returns that the learner merges into its normalizers."""
+        start = time.perf_counter()
         obs_dim = self.obs.shape[1]
         buf = {
             "obs": np.empty((num_steps, self.num_envs, obs_dim), np.float32),
@@ -210,12 +214,14 @@ class EnvRunner:
                 "return": return_moments(returns[valid]),
             },
         }
+        self._record(stats["env_steps"], start)
         return transitions, stats
 
     def sample_rollout(self, num_steps: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """On-policy: step every env `num_steps` times with the current policy. Returns (rollout of
         shape (num_steps, E, ...), stats): sampled actions with their log-probs, V(s), and V(s') of
         the true next observation (the final one when an episode ended in this step)."""
+        start = time.perf_counter()
         shape = (num_steps, self.num_envs)
         obs = np.empty((*shape, self.obs.shape[1]), np.float32)
         next_obs = np.empty_like(obs)
@@ -252,7 +258,12 @@ class EnvRunner:
             "policy_version": self.policy_version,
             "norm_stats": {"obs": (len(flat), flat.mean(0), flat.var(0)), "return": return_moments(returns.ravel())},
         }
+        self._record(stats["env_steps"], start)
         return rollout, stats
+
+    def _record(self, env_steps: int, start: float) -> None:
+        self.metrics.inc("aa_ray_env_steps", env_steps)
+        self.metrics.set("aa_ray_env_steps_per_s", env_steps / max(time.perf_counter() - start, 1e-9))
 
     def _transitions(self, buf: dict[str, np.ndarray], valid: np.ndarray) -> dict[str, np.ndarray]:
         """Stored transitions: every real step (1-step), or the n-step windows completed so far."""

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from aa_ray.algos import build_algorithm
 from aa_ray.algos.common import Batch
 from aa_ray.algos.ppo import Rollout
+from aa_ray.runtime.metrics import RunMetrics, run_tag
 from aa_ray.spec.experiment import ExperimentSpec
 
 
@@ -52,6 +53,7 @@ class Learner:
         self.weights_version = 0
         self.critic_updates = 0
         self.algo: Any = None
+        self.metrics = RunMetrics(run_tag(spec), rank=rank)
         if self.world_size == 1:
             self._build()
 
@@ -112,6 +114,7 @@ class Learner:
         self.critic_updates += len(batches)
         self.weights_version += 1
         info["learner/update_time_s"] = time.perf_counter() - start
+        self._record(len(batches), info)
         info["learner/critic_updates"] = float(self.critic_updates)
         return info
 
@@ -129,7 +132,13 @@ class Learner:
             self.algo.reward_norm.merge(*stats["return"])
         self.weights_version += 1
         info["learner/update_time_s"] = time.perf_counter() - start
+        self._record(self.spec.algo.ppo_epochs * self.spec.algo.num_minibatches, info)
         return info
+
+    def _record(self, updates: int, info: dict[str, float]) -> None:
+        self.metrics.inc("aa_ray_learner_updates", updates)
+        self.metrics.set("aa_ray_learner_updates_per_s", updates / max(info["learner/update_time_s"], 1e-9))
+        self.metrics.losses(info)
 
     def policy_state(self) -> tuple[dict[str, torch.Tensor], int]:
         return self.algo.policy_state(), self.weights_version

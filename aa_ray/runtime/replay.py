@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 
 from aa_ray.algos.knobs import prior_rows  # the one definition, shared with the algorithms' diagnostics
 from aa_ray.data import dataset as ds
+from aa_ray.runtime.metrics import RunMetrics
 
 FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "discount")
 
@@ -31,7 +32,7 @@ class ReplayBuffer:
     never evicted, and is not saved with checkpoints (a resumed run reloads it from the dataset).
     """
 
-    def __init__(self, capacity: int, obs_dim: int, act_dim: int, seed: int):
+    def __init__(self, capacity: int, obs_dim: int, act_dim: int, seed: int, run: str | None = None):
         self.capacity = capacity
         self.obs_dim, self.act_dim = obs_dim, act_dim
         self.storage = {
@@ -49,6 +50,7 @@ class ReplayBuffer:
         self.rng = np.random.default_rng(seed)
         self.prior: ReplayBuffer | None = None
         self.prior_ratio = 0.0
+        self.metrics = RunMetrics(run) if run else None  # Ray metrics, when the buffer is a run's actor
 
     def __len__(self) -> int:
         return self.size
@@ -68,9 +70,13 @@ class ReplayBuffer:
             self.cursor = (self.cursor + n) % self.capacity
             self.size = min(self.size + n, self.capacity)
             self.total_added += n
+        if self.metrics is not None:
+            self.metrics.set("aa_ray_replay_size", self.size)
         return self.size
 
     def sample(self, num_batches: int, batch_size: int) -> dict[str, np.ndarray]:
+        if self.metrics is not None:
+            self.metrics.inc("aa_ray_replay_sampled", num_batches * batch_size)
         if self.prior is None:
             return self._draw(num_batches, batch_size)
         n_prior = prior_rows(batch_size, self.prior_ratio)

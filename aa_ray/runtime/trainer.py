@@ -58,6 +58,7 @@ from aa_ray.runtime import cluster
 from aa_ray.runtime.checkpoint import REPLAY_FILE, save_checkpoint
 from aa_ray.runtime.env_runner import EnvRunner, env_dims
 from aa_ray.runtime.learner import Learner
+from aa_ray.runtime.metrics import RunMetrics, run_tag
 from aa_ray.runtime.progress import ProgressDisplay
 from aa_ray.runtime.replay import ReplayBuffer
 from aa_ray.spec.experiment import ExperimentSpec
@@ -155,6 +156,7 @@ class Trainer:
         self.weights: tuple[Any, Any] | None = None  # refs of the newest published (policy state, version)
         self.runner_restarts = 0
         self.replay_size = 0
+        self.metrics = RunMetrics(run_tag(spec))  # Ray metrics from the driver (Grafana)
 
     def check_prior_data(self, obs_dim: int, act_dim: int) -> Path | None:
         """Validate `algo.prior_data` against the spec's env (file footers only); DatasetError
@@ -190,7 +192,7 @@ class Trainer:
             self.replay = ray.remote(ReplayBuffer).options(
                 num_cpus=spec.runtime.replay_cpus,
                 scheduling_strategy=self._bundle(spec.learners.num_learners + spec.runners.num_runners),
-            ).remote(spec.algo.buffer_size, obs_dim, act_dim, seed=spec.seed)
+            ).remote(spec.algo.buffer_size, obs_dim, act_dim, seed=spec.seed, run=run_tag(spec))
         if len(self.learners) > 1:  # rank 0 names the rendezvous; all join one process group
             address = get_results(self.learners[0].rendezvous_address.remote())
             get_results([learner.join.remote(address) for learner in self.learners])
@@ -544,9 +546,11 @@ class Trainer:
             if w.lags:
                 metrics["runtime/policy_lag_mean"] = float(np.mean(w.lags))
                 metrics["runtime/policy_lag_max"] = float(max(w.lags))
+                self.metrics.set("aa_ray_policy_lag", metrics["runtime/policy_lag_mean"])
             w.start, w.env_steps, w.updates, w.lags = time.perf_counter(), 0, 0, []
         if w.returns:
             metrics["train/episode_return"] = float(np.mean(w.returns))
+            self.metrics.set("aa_ray_episode_return", metrics["train/episode_return"])
         if w.distances:
             metrics["train/final_distance"] = float(np.mean(w.distances))
 
@@ -555,6 +559,7 @@ class Trainer:
         if evaluated:
             evaluation = self._evaluate()
             metrics.update(evaluation)
+            self.metrics.set("aa_ray_eval_return", evaluation["eval/return"])
             c.next_eval = (c.env_steps // spec.eval.every_env_steps + 1) * spec.eval.every_env_steps
             if self._target_reached(evaluation):
                 stop_reason = "target reached"
