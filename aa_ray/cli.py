@@ -104,11 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     # Imported here so `validate` and an invalid spec never start (or import) Ray or MLflow.
     from aa_ray.data.dataset import DatasetError
     from aa_ray.runtime.checkpoint import CheckpointError, check_compatible, load_checkpoint
-    from aa_ray.runtime.cluster import ResourceError
+    from aa_ray.runtime.cluster import ResourceError, job_tracking_problem
     from aa_ray.runtime.trainer import Trainer, TrainingError
 
     if args.command == "rollout":
         return _rollout(spec, args)
+    problem = job_tracking_problem(spec.tracking.enabled and not args.no_track)
+    if problem:
+        return _fail(problem)
 
     resume = None
     if args.resume:
@@ -178,8 +181,11 @@ def _tune_command(args: argparse.Namespace) -> int:
         loaded = load_sweep(args.spec) if args.command == "sweep" else load_pipeline(args.spec)
     except SpecError as err:
         return _fail(str(err))
-    from aa_ray.runtime.cluster import ResourceError
+    from aa_ray.runtime.cluster import ResourceError, job_tracking_problem
 
+    problem = job_tracking_problem(not args.no_track)
+    if problem:
+        return _fail(problem)
     try:
         if args.command == "sweep":
             from aa_ray.tune.sweep import run_sweep, trials_table
@@ -201,6 +207,8 @@ def _tune_command(args: argparse.Namespace) -> int:
         return 0
     except ResourceError as err:
         return _fail(str(err), code=1)
+    except SpecError as err:  # e.g. a multi-node cluster without shared Tune storage
+        return _fail(str(err))
     except KeyboardInterrupt:
         return _fail("interrupted", code=130)
 

@@ -30,7 +30,9 @@ start() {
   if [ ! -s "$RAY_AUTH_TOKEN_PATH" ]; then  # a fresh random token, readable by this user only
     (umask 077 && python3 -c "import secrets; print(secrets.token_hex(32))" > "$RAY_AUTH_TOKEN_PATH")
   fi
-  # Ray's socket paths live under --temp-dir and must stay short, hence a folder of its own
+  # Ray's socket paths live under --temp-dir and must stay short, hence a folder of its own. The
+  # worker gets a temp dir of its own too: as on separate machines, each node unpacks a job's
+  # working dir in its own folder (a shared one would let one node delete the other's copy).
   "$RAY" start --head --port "$GCS_PORT" --num-cpus "$HEAD_CPUS" \
     --dashboard-host 127.0.0.1 --dashboard-port "$DASHBOARD_PORT" \
     --ray-client-server-port $((GCS_PORT + 1)) --dashboard-agent-listen-port $((GCS_PORT + 2)) \
@@ -38,7 +40,7 @@ start() {
     --temp-dir "$STATE/ray" --disable-usage-stats
   "$RAY" start --address "127.0.0.1:$GCS_PORT" --num-cpus "$WORKER_CPUS" \
     --dashboard-agent-listen-port $((GCS_PORT + 4)) --runtime-env-agent-port $((GCS_PORT + 5)) \
-    --metrics-export-port "$WORKER_METRICS_PORT" --temp-dir "$STATE/ray" --disable-usage-stats
+    --metrics-export-port "$WORKER_METRICS_PORT" --temp-dir "$STATE/ray-worker" --disable-usage-stats
   cat <<EOF
 
 Two-node Ray cluster up (head ${HEAD_CPUS} CPUs + worker ${WORKER_CPUS} CPUs, token authentication on).
@@ -52,7 +54,7 @@ EOF
 
 stop() {
   # `ray stop` would stop every Ray on the machine; stop the processes under this cluster's temp dir
-  pkill -TERM -f -- "$STATE/ray" 2>/dev/null || true
+  pkill -TERM -f -- "$STATE/ray" 2>/dev/null || true  # matches ray-worker too
   for _ in $(seq 30); do
     pgrep -f -- "$STATE/ray" > /dev/null || return 0
     sleep 1

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -137,15 +138,15 @@ def test_replay_parquet_round_trip_samples_identically(tmp_path: Path) -> None:
     replay = ReplayBuffer(capacity=50, obs_dim=2, act_dim=1, seed=3)
     replay.add(make_chunk(0, 70))
     replay.sample(2, 5)
-    replay.save(tmp_path / "replay.parquet")
+    pq.write_table(replay.to_table(), tmp_path / "replay.parquet")
     restored = ReplayBuffer(capacity=50, obs_dim=2, act_dim=1, seed=99)
-    restored.load(tmp_path / "replay.parquet", replay.state())
+    restored.load_table(pq.read_table(tmp_path / "replay.parquet"), replay.state())
     a, b = replay.sample(4, 16), restored.sample(4, 16)
     for key in a:
         np.testing.assert_array_equal(a[key], b[key])
     wrong = ReplayBuffer(capacity=50, obs_dim=3, act_dim=1, seed=0)
     with pytest.raises(ValueError, match="obs/action dims 2,1"):
-        wrong.load(tmp_path / "replay.parquet")
+        wrong.load_table(pq.read_table(tmp_path / "replay.parquet"))
 
 
 @pytest.mark.parametrize("algo", ["sac", "sac_simba"])

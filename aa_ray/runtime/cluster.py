@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -25,7 +26,10 @@ def connect(spec: ExperimentSpec | None, cpus: float | None = None) -> bool:
     # Workers inherit these: one BLAS/OpenMP thread each, torch threads are set per actor.
     env_vars = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(runtime_env={"env_vars": env_vars}, log_to_driver=True)
+        # Ray merges this with a submitted job's runtime env and refuses keys set in both: the job's win
+        job_vars = (_job_config().get("runtime_env") or {}).get("env_vars") or {}
+        ours = {key: value for key, value in env_vars.items() if key not in job_vars}
+        ray.init(runtime_env={"env_vars": ours}, log_to_driver=True)
         return True
     needed = cpus if cpus is not None else sum(bundle.get("CPU", 0) for bundle in spec.bundles())
     ray.init(
@@ -51,6 +55,35 @@ def check_capacity(bundles: list[dict[str, float]], what: str = "the spec") -> N
                 f"{what} needs {amount:g} {resource} in total (bundles {bundles}) but the Ray cluster "
                 f"has {total.get(resource, 0.0):g}; lower runners.*/learners.* resources or add nodes."
             )
+
+
+def _job_config() -> dict:
+    """The job config Ray gives the driver of a `ray job submit` job ({} for any other process)."""
+    try:
+        config = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}")
+    except ValueError:
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def submitted_job_id() -> str | None:
+    """The submission id when this process is the driver of a `ray job submit` job, else None."""
+    return (_job_config().get("metadata") or {}).get("job_submission_id")
+
+
+def job_tracking_problem(tracking: bool) -> str | None:
+    """Why a submitted job's MLflow record would be lost, or None. A job runs in a temporary copy of
+    its working dir on the head node; without MLFLOW_TRACKING_URI the default store
+    (./mlflow.db) would be written there and deleted with it."""
+    job = submitted_job_id()
+    if job is None or not tracking or os.environ.get("MLFLOW_TRACKING_URI"):
+        return None
+    return (
+        f"this is Ray job {job}, and MLFLOW_TRACKING_URI is not set: the run would be recorded in "
+        f"{os.getcwd()}/mlflow.db, inside the job's temporary working dir, and lost with it. Point it at a "
+        "tracking server every node can reach, e.g. ray job submit --runtime-env-json "
+        "'{\"env_vars\": {\"MLFLOW_TRACKING_URI\": \"http://<mlflow host>:5000\"}}' ..., or pass --no-track."
+    )
 
 
 def reserve(spec: ExperimentSpec, bundles: list[dict[str, float]] | None = None) -> PlacementGroup:

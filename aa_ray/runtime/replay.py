@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from aa_ray.algos.knobs import prior_rows  # the one definition, shared with the algorithms' diagnostics
 from aa_ray.data import dataset as ds
@@ -131,9 +130,10 @@ class ReplayBuffer:
             "rng": self.rng.bit_generator.state,
         }
 
-    def save(self, path: str | Path) -> None:
-        """Write the stored transitions as Parquet, one row per slot in storage order, so that a
-        reload (with `state()`) samples exactly the same batches."""
+    def to_table(self) -> pa.Table:
+        """The stored transitions as an Arrow table (one row per slot, in storage order) for the
+        driver to write into a checkpoint, so that a reload (with `state()`) samples exactly the
+        same batches. The driver writes it because this actor may live on another node."""
         columns = {}
         for name in FIELDS:
             data = self.storage[name][: self.size]
@@ -146,19 +146,19 @@ class ReplayBuffer:
             b"aa_ray.replay": f"{self.obs_dim},{self.act_dim}".encode(),
             b"aa_ray.cursor": str(self.cursor).encode(),
         }
-        pq.write_table(table.replace_schema_metadata(meta), path)
+        return table.replace_schema_metadata(meta)
 
-    def load(self, path: str | Path, state: dict | None = None) -> None:
-        table = pq.read_table(path)
+    def load_table(self, table: pa.Table, state: dict | None = None, source: str = "replay table") -> None:
+        """Refill the buffer from `to_table()`'s output (read from `source`, named in errors)."""
         dims = (table.schema.metadata or {}).get(b"aa_ray.replay", b"").decode()
         if dims != f"{self.obs_dim},{self.act_dim}":
             raise ValueError(
-                f"replay file {path} holds obs/action dims {dims or 'unknown'}, "
+                f"replay file {source} holds obs/action dims {dims or 'unknown'}, "
                 f"this run needs {self.obs_dim},{self.act_dim}"
             )
         n = table.num_rows
         if n > self.capacity:
-            raise ValueError(f"replay file {path} holds {n} transitions, more than the capacity {self.capacity}")
+            raise ValueError(f"replay file {source} holds {n} transitions, more than the capacity {self.capacity}")
         for name in FIELDS:
             column = table.column(name).combine_chunks()
             if isinstance(column.type, pa.FixedSizeListType):

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 import ray
 
 from aa_ray.data.dataset import DatasetError, read_dataset
@@ -223,7 +224,8 @@ class Trainer:
         calls = [learner.load_state_dict.remote(payload["learner"]) for learner in self.learners]
         replay_file = Path(payload["folder"]) / REPLAY_FILE
         if self.replay is not None and replay_file.is_file():
-            calls.append(self.replay.load.remote(str(replay_file), payload["replay"]))
+            table = pq.read_table(replay_file)  # read here: the replay actor may be on another node
+            calls.append(self.replay.load_table.remote(table, payload["replay"], str(replay_file)))
             self.replay_size = int(payload["replay"]["size"])
         for runner, state in zip(self.runners, payload["runner_rng"], strict=False):
             calls.append(runner.load_rng_state.remote(state))
@@ -605,7 +607,7 @@ class Trainer:
         c = self.counters
         learner_state, replay_state, runner_rng = self._collect_state()
         if self.replay is not None and self.spec.checkpoint.save_replay:
-            get_results(self.replay.save.remote(str(folder / REPLAY_FILE)))
+            pq.write_table(get_results(self.replay.to_table.remote()), folder / REPLAY_FILE)
         state = {
             "counters": {
                 "env_steps": c.env_steps, "iterations": c.iterations, "episodes": c.episodes,

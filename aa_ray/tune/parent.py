@@ -10,10 +10,28 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from aa_ray.spec.loader import set_values
+from aa_ray.spec.loader import SpecError, set_values
 from aa_ray.tracking.mlflow_tracker import PARENT_TAG, resolved_tracking_uri, retry_locked, start_run
 
 KIND_TAG = "aa_ray.kind"  # "sweep" or "pipeline" on the parent run
+
+
+def tune_storage(configured: str | None, default: Path, source: Path) -> str:
+    """Tune's storage path. A multi-node cluster needs storage every node reaches (a retried trial
+    may start on another node); the default, a folder on this machine, is refused there."""
+    import ray
+
+    if configured is not None:
+        return configured if "://" in configured else str(Path(configured).expanduser().resolve())
+    nodes = [node for node in ray.nodes() if node["Alive"]]
+    if len(nodes) > 1:
+        raise SpecError(
+            f"{source}: this Ray cluster has {len(nodes)} nodes, but Tune would keep trial checkpoints in {default} "
+            "on this machine only, where trials on other nodes cannot write or restore them. Set storage: to a path "
+            "every node mounts (NFS) or a URI such as s3://bucket/aa-ray, and runtime.output_dir to shared storage "
+            "too (run folders, pipeline stage outputs)."
+        )
+    return str(default)
 
 
 def absolute_paths(raw: dict[str, Any]) -> dict[str, Any]:

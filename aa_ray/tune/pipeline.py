@@ -23,7 +23,7 @@ from aa_ray.data.rollout import rollout_bundles
 from aa_ray.runtime.checkpoint import STATE_FILE
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import set_values, spec_hash, validate_spec
-from aa_ray.tune.parent import ParentRun, absolute_paths
+from aa_ray.tune.parent import ParentRun, absolute_paths, tune_storage
 from aa_ray.tune.specs import Pipeline, RolloutStage, parse_reference
 from aa_ray.tune.trials import DRIVER_CPUS, rollout_trial, train_trial
 
@@ -120,7 +120,7 @@ def run_pipeline(pipeline: Pipeline, force: bool = False, track: bool = True, re
         parent.log_artifact(pipeline.path)
         report(f"mlflow parent run: {parent.run_id} (experiment {first_spec.tracking.experiment!r})")
 
-    started_ray = False
+    started_ray, storage = False, None
     status = "FAILED"
     outputs: dict[str, Path] = {}
     stages: dict[str, dict[str, Any]] = {}
@@ -139,11 +139,12 @@ def run_pipeline(pipeline: Pipeline, force: bool = False, track: bool = True, re
                 stages[stage_name] = {"status": "reused", "output": str(plan.output), "mlflow_run_id": run_id}
             else:
                 report(f"stage {stage_name}: running {plan.stage.kind} (key {plan.key}) in {plan.folder}")
-                if not started_ray:  # an embedded Ray is sized for the largest stage
+                if storage is None:  # an embedded Ray is sized for the largest stage
                     started_ray = cluster.connect(None, cpus=_largest_stage_cpus(pipeline))
+                    storage = tune_storage(pipeline.spec.storage, root / "tune", pipeline.path)
                 cluster.check_capacity(plan.bundles(), what=f"stage {stage_name!r}")
                 tracking = parent.child_tracking(run_name, tags) if parent else None
-                _run_stage(plan, tracking, pipeline.spec.max_failures, root)
+                _run_stage(plan, tracking, pipeline.spec.max_failures, root, storage)
                 run_id = _child_run_id(parent, plan.key)
                 plan.folder.mkdir(parents=True, exist_ok=True)
                 (plan.folder / RECORD_FILE).write_text(json.dumps({
@@ -170,13 +171,13 @@ def _largest_stage_cpus(pipeline: Pipeline) -> float:
     )
 
 
-def _run_stage(plan: StagePlan, tracking: dict[str, Any] | None, max_failures: int, root: Path) -> None:
+def _run_stage(plan: StagePlan, tracking: dict[str, Any] | None, max_failures: int, root: Path, storage: str) -> None:
     trainable, config = plan.trial_config(tracking)
     tuner = tune.Tuner(
         tune.with_resources(trainable, tune.PlacementGroupFactory(plan.bundles())),
         param_space=config,
         run_config=tune.RunConfig(
-            name=f"{plan.name}-{plan.key}", storage_path=str(root / "tune"),
+            name=f"{plan.name}-{plan.key}", storage_path=storage,
             failure_config=tune.FailureConfig(max_failures=max_failures), verbose=0,
         ),
     )

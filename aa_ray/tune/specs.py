@@ -15,6 +15,10 @@ from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import SpecError, format_validation_error, read_yaml, set_values, validate_spec
 
 # What trials report and a sweep may optimize (eval/distance and eval/success exist on pusher-reach).
+STORAGE_HELP = (
+    "where Tune keeps trial state and checkpoints: a path every node mounts or a URI (s3://, gs://); "
+    "default <runtime.output_dir>/tune, which only a single-node cluster can use"
+)
 SWEEP_METRICS = ("eval/return", "eval/distance", "eval/success", "eval/length", "train/episode_return")
 
 
@@ -71,6 +75,7 @@ class SweepSpec(SpecModel):
     scheduler: Literal["fifo", "asha"] = Field("fifo", description="asha stops weak trials early")
     asha: AshaSpec | None = None
     searcher: Literal["random", "optuna"] = Field("random", description="random: Tune's grid/random variants")
+    storage: str | None = Field(None, description=STORAGE_HELP)
 
     @model_validator(mode="after")
     def _combinations(self) -> SweepSpec:
@@ -167,6 +172,7 @@ class PipelineSpec(SpecModel):
     name: str = Field(min_length=1, description="names the MLflow parent run and the stage cache folder")
     stages: dict[str, Stage] = Field(min_length=1, description="stage name -> stage; run in dependency order")
     max_failures: NonNegativeInt = Field(0, description="retry a failed stage from its last checkpoint this often")
+    storage: str | None = Field(None, description=STORAGE_HELP)
 
 
 class Pipeline:

@@ -13,7 +13,7 @@ from typing import Any
 from ray import tune
 
 from aa_ray.spec.loader import set_values, validate_spec
-from aa_ray.tune.parent import ParentRun, absolute_paths
+from aa_ray.tune.parent import ParentRun, absolute_paths, tune_storage
 from aa_ray.tune.specs import Sweep
 from aa_ray.tune.trials import train_trial, trial_bundles
 
@@ -61,6 +61,7 @@ def run_sweep(sweep: Sweep, track: bool = True, report: Any = print) -> dict[str
     status = "FAILED"
     try:
         cluster.check_capacity(largest, what="the sweep's largest trial")  # else Tune would wait forever
+        storage = tune_storage(spec.storage, root.parent / "tune", sweep.path)
         trainable = tune.with_parameters(
             sweep_trial, base=base, root=str(root), tracking=parent.child_tracking(spec.name, {}) if parent else None
         )
@@ -77,7 +78,7 @@ def run_sweep(sweep: Sweep, track: bool = True, report: Any = print) -> dict[str
                 search_alg=_searcher(sweep), trial_dirname_creator=lambda trial: trial.trial_id,
             ),
             run_config=tune.RunConfig(
-                name=root.name, storage_path=str(root.parent / "tune"),
+                name=root.name, storage_path=storage,
                 failure_config=tune.FailureConfig(max_failures=spec.max_failures), verbose=1,
             ),
         )
