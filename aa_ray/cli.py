@@ -55,6 +55,17 @@ def _parser() -> argparse.ArgumentParser:
     pipeline.add_argument("spec", help="path to a YAML pipeline spec")
     pipeline.add_argument("--force", action="store_true", help="rerun every stage, even unchanged completed ones")
     pipeline.add_argument("--no-track", action="store_true", help="do not record the pipeline in MLflow")
+
+    report = commands.add_parser("report", help="compare runs from the MLflow store: curves (PNG, HTML) and a table")
+    chosen = report.add_mutually_exclusive_group()
+    chosen.add_argument("--experiment", help="every training run of this MLflow experiment (default: aa-ray)")
+    chosen.add_argument("--parent", metavar="RUN_ID", help="the child runs of a sweep or pipeline (the report is "
+                        "also logged to this run)")
+    chosen.add_argument("--runs", nargs="+", metavar="RUN_ID", help="these runs")
+    report.add_argument("--metric", default="eval/return", help="the curve's metric (default eval/return)")
+    report.add_argument("--threshold", type=float, help="also report env steps until the metric reaches this")
+    report.add_argument("--mode", choices=["max", "min"], default="max", help="min: lower is better (eval/distance)")
+    report.add_argument("--out", help="output folder (default reports/<time>)")
     return parser
 
 
@@ -77,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command in ("sweep", "pipeline"):
         return _tune_command(args)
+    if args.command == "report":
+        return _report(args)
     try:
         spec = load_spec(args.spec, args.overrides)
     except SpecError as err:
@@ -171,6 +184,27 @@ def _rollout(spec: ExperimentSpec, args: argparse.Namespace) -> int:
     if "mean_final_distance" in summary:
         line += f", mean final distance {summary['mean_final_distance']:.4g}"
     print(line + ")")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from datetime import datetime
+
+    from mlflow.exceptions import MlflowException
+
+    from aa_ray.tracking.report import ReportError, make_report
+
+    out = Path(args.out or f"reports/{datetime.now():%Y%m%d-%H%M%S}")
+    try:
+        result = make_report(out, metric=args.metric, experiment=args.experiment, parent=args.parent,
+                             run_ids=args.runs, threshold=args.threshold, mode=args.mode)
+    except (ReportError, MlflowException) as err:
+        return _fail(str(err).splitlines()[0])
+    for row in result["rows"]:
+        print("  ".join(f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
+                        for key, value in row.items()))
+    print(f"report: {result['html']} and {result['png']}" + (f" (also logged to run {args.parent})"
+                                                              if args.parent else ""))
     return 0
 
 

@@ -10,8 +10,10 @@ import socket
 import threading
 import time
 import urllib.request
+from html import unescape as html_unescape
 from pathlib import Path
 
+import numpy as np
 import ray
 
 from aa_ray.runtime.metrics import DEFINITIONS, prometheus_name, run_tag
@@ -82,3 +84,51 @@ def test_a_short_run_exposes_every_metric_on_rays_endpoint() -> None:
         ray.shutdown()
     assert set(seen) == EXPORTED, f"never exposed: {EXPORTED - set(seen)}"
     assert all(f'run="{run_tag(spec)}"' in tags for tags in seen.values())
+
+
+def test_report_draws_the_stored_curves(tmp_path: Path) -> None:
+    """Two seeds of a small run, children of one parent: `aa-ray report --parent` writes a PNG and a
+    self-contained HTML page whose curve data are the stored eval metrics (median over the seeds),
+    and logs them to the parent run."""
+    from mlflow.tracking import MlflowClient
+    from PIL import Image
+
+    from aa_ray import cli
+    from aa_ray.tracking.mlflow_tracker import RunContext
+    from aa_ray.tune.parent import ParentRun
+
+    parent = ParentRun("aa-ray", "sweep", "seeds", run_name="sweep:seeds")
+    ray.init(address="local", num_cpus=4, include_dashboard=False)
+    try:
+        for seed in (0, 1):
+            spec = load_spec(ROOT / "specs" / "sac_pendulum.yaml", [
+                f"seed={seed}", "budget.env_steps=800", "algo.warm_up_steps=200", "eval.every_env_steps=200",
+                "eval.episodes=2",
+                "algo.hidden_dims=[32,32]", "checkpoint.save_replay=false",
+            ])
+            Trainer(spec, live=False, context=RunContext(parent_run_id=parent.run_id)).run()
+    finally:
+        ray.shutdown()
+    parent.finish("FINISHED")
+
+    out = tmp_path / "report"
+    assert cli.main(["report", "--parent", parent.run_id, "--out", str(out), "--threshold", "-1500"]) == 0
+    with Image.open(out / "report.png") as image:
+        assert image.format == "PNG" and image.size[0] > 800
+    page = (out / "report.html").read_text()
+    assert "data:image/png;base64," in page and "<table>" in page
+    curves = json.loads(html_unescape(re.search(r'<script type="application/json" id="curves">(.*)</script>',
+                                                page, re.S).group(1)))
+    (group,) = curves.values()  # the two seeds are one configuration
+    client = MlflowClient()
+    finals, last_steps = [], []
+    for run_id in group["runs"]:
+        history = sorted(client.get_metric_history(run_id, "eval/return"), key=lambda m: m.step)
+        finals.append(history[-1].value)
+        last_steps.append(history[-1].step)
+    assert len(group["runs"]) == 2
+    assert group["env_steps"]["x"][-1] == max(last_steps)
+    assert abs(group["env_steps"]["median"][-1] - float(np.median(finals))) < 1e-9
+    assert group["env_steps"]["low"][-1] == min(finals) and group["env_steps"]["high"][-1] == max(finals)
+    logged = {a.path for a in client.list_artifacts(parent.run_id, "report")}
+    assert logged == {"report/report.png", "report/report.html", "report/summary.json"}

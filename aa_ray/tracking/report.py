@@ -1,0 +1,212 @@
+"""`aa-ray report`: compare runs from the MLflow store. Learning curves (an eval metric against env
+steps and against wall-clock time) with the seeds of each configuration aggregated (median line,
+min-max band), as a PNG and a self-contained HTML page, and a summary table (final value, env
+steps to a threshold, throughput).
+
+Runs are grouped by their params with the seed left out, so runs that differ only in seed are
+one curve; a group is labelled by the params that differ between groups.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+
+from aa_ray.tracking.mlflow_tracker import PARENT_TAG, resolved_tracking_uri
+
+IGNORED_PARAMS = ("seed", "runtime.output_dir", "name")  # differ between seeds, not configurations
+GRID_POINTS = 200
+
+
+class ReportError(ValueError):
+    """No runs to report, or a metric none of them has; the message says which."""
+
+
+@dataclass
+class Curve:
+    run_id: str
+    steps: np.ndarray  # env steps of each evaluation
+    seconds: np.ndarray  # wall-clock seconds since the run started
+    values: np.ndarray
+
+
+@dataclass
+class Group:
+    label: str
+    runs: list[Run] = field(default_factory=list)
+    curves: list[Curve] = field(default_factory=list)
+
+
+def select_runs(client: MlflowClient, experiment: str | None, parent: str | None, run_ids: list[str]) -> list[Run]:
+    if run_ids:
+        return [client.get_run(run_id) for run_id in run_ids]
+    if parent:
+        experiment_id = client.get_run(parent).info.experiment_id
+        return client.search_runs([experiment_id], filter_string=f"tags.`{PARENT_TAG}` = '{parent}'")
+    found = client.get_experiment_by_name(experiment or "aa-ray")
+    if found is None:
+        raise ReportError(f"MLflow has no experiment {experiment!r} at {client.tracking_uri}")
+    runs = client.search_runs([found.experiment_id])
+    return [run for run in runs if "aa_ray.kind" not in run.data.tags]  # training runs, not sweep parents
+
+
+def group_runs(runs: list[Run]) -> list[Group]:
+    def config(run: Run) -> dict[str, str]:
+        return {k: v for k, v in run.data.params.items() if k not in IGNORED_PARAMS}
+
+    keys = sorted({k for run in runs for k in config(run)})
+    differing = [k for k in keys if len({config(run).get(k) for run in runs}) > 1]
+    groups: dict[str, Group] = {}
+    for run in runs:
+        params = config(run)
+        label = ", ".join(f"{k}={params.get(k)}" for k in differing) or run.data.params.get("algo.name", "runs")
+        groups.setdefault(json.dumps(params, sort_keys=True), Group(label)).runs.append(run)
+    return list(groups.values())
+
+
+def load_curve(client: MlflowClient, run: Run, metric: str) -> Curve | None:
+    history = sorted(client.get_metric_history(run.info.run_id, metric), key=lambda m: (m.step, m.timestamp))
+    if not history:
+        return None
+    start_ms = run.info.start_time
+    return Curve(
+        run.info.run_id,
+        np.array([m.step for m in history], float),
+        np.array([(m.timestamp - start_ms) / 1000.0 for m in history]),
+        np.array([m.value for m in history]),
+    )
+
+
+def aggregate(curves: list[Curve], axis: str) -> dict[str, list[float]]:
+    """Median and min/max over seeds on a shared grid (each curve held at its last value past its end)."""
+    xs = [getattr(c, axis) for c in curves]
+    grid = np.linspace(0.0, max(x.max() for x in xs), GRID_POINTS)
+    start = max(x.min() for x in xs)
+    grid = grid[grid >= start]
+    stacked = np.stack([np.interp(grid, getattr(c, axis), c.values) for c in curves])
+    return {"x": grid.tolist(), "median": np.median(stacked, 0).tolist(),
+            "low": stacked.min(0).tolist(), "high": stacked.max(0).tolist()}
+
+
+def steps_to(curve: Curve, threshold: float, mode: str) -> float | None:
+    reached = curve.values >= threshold if mode == "max" else curve.values <= threshold
+    return float(curve.steps[np.argmax(reached)]) if reached.any() else None
+
+
+def summary_rows(client: MlflowClient, groups: list[Group], threshold: float | None, mode: str) -> list[dict]:
+    rows = []
+    for group in groups:
+        finals = [c.values[-1] for c in group.curves]
+        row: dict[str, Any] = {
+            "group": group.label, "runs": len(group.runs), "final_median": float(np.median(finals)),
+            "final_min": float(np.min(finals)), "final_max": float(np.max(finals)),
+        }
+        if threshold is not None:
+            steps = [steps_to(c, threshold, mode) for c in group.curves]
+            solved = [s for s in steps if s is not None]
+            row["steps_to_threshold"] = float(np.median(solved)) if solved else None
+            row["reached"] = f"{len(solved)}/{len(steps)}"
+        rates = []
+        for run in group.runs:
+            history = client.get_metric_history(run.info.run_id, "env/steps_per_s")
+            if history:
+                rates.append(float(np.mean([m.value for m in history])))
+        row["env_steps_per_s"] = float(np.median(rates)) if rates else None
+        rows.append(row)
+    return rows
+
+
+def plot(data: dict[str, dict], metric: str, path: Path) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    for label, curves in data.items():
+        for ax, axis in zip(axes, ("env_steps", "wall_clock_s"), strict=True):
+            c = curves[axis]
+            (line,) = ax.plot(c["x"], c["median"], label=label)
+            ax.fill_between(c["x"], c["low"], c["high"], color=line.get_color(), alpha=0.2)
+    for ax, xlabel in zip(axes, ("env steps", "wall-clock seconds"), strict=True):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(metric)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    figure.suptitle(f"{metric}: median over seeds, band = min-max")
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110)
+    plt.close(figure)
+    path.write_bytes(buffer.getvalue())
+    return buffer.getvalue()
+
+
+def write_html(path: Path, title: str, png: bytes, rows: list[dict], data: dict, runs: list[Run]) -> None:
+    headers = list(rows[0])
+    table = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_fmt(row.get(h)))}</td>" for h in headers) + "</tr>" for row in rows
+    )
+    run_list = "".join(
+        f"<li>{html.escape(run.info.run_name or '')} <code>{run.info.run_id}</code> ({run.info.status})</li>"
+        for run in runs
+    )
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}</style></head>
+<body><h1>{html.escape(title)}</h1>
+<img alt="learning curves" src="data:image/png;base64,{base64.b64encode(png).decode()}">
+<h2>Summary</h2><table><tr>{''.join(f'<th>{html.escape(h)}</th>' for h in headers)}</tr>{table}</table>
+<h2>Runs</h2><ul>{run_list}</ul>
+<script type="application/json" id="curves">{html.escape(json.dumps(data))}</script>
+</body></html>
+"""
+    path.write_text(page)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "-" if value is None else str(value)
+
+
+def make_report(
+    out: Path, metric: str = "eval/return", experiment: str | None = None, parent: str | None = None,
+    run_ids: list[str] | None = None, threshold: float | None = None, mode: str = "max",
+    tracking_uri: str | None = None,
+) -> dict[str, Any]:
+    """Write report.png, report.html and summary.json into `out`; with `parent`, also log them as
+    artifacts of that (sweep or pipeline) run. Returns the paths and the summary rows."""
+    client = MlflowClient(tracking_uri=tracking_uri or resolved_tracking_uri())
+    runs = select_runs(client, experiment, parent, run_ids or [])
+    if not runs:
+        raise ReportError("no runs matched (check --experiment, --parent or --runs)")
+    groups = group_runs(runs)
+    for group in groups:
+        group.curves = [c for c in (load_curve(client, run, metric) for run in group.runs) if c is not None]
+    groups = [g for g in groups if g.curves]
+    if not groups:
+        raise ReportError(f"none of the {len(runs)} runs logged {metric!r}")
+    data = {g.label: {"runs": [c.run_id for c in g.curves], "env_steps": aggregate(g.curves, "steps"),
+                      "wall_clock_s": aggregate(g.curves, "seconds")} for g in groups}
+    rows = summary_rows(client, groups, threshold, mode)
+    out.mkdir(parents=True, exist_ok=True)
+    png = plot(data, metric, out / "report.png")
+    title = f"aa-ray report: {metric} ({datetime.now():%Y-%m-%d %H:%M})"
+    write_html(out / "report.html", title, png, rows, data, runs)
+    (out / "summary.json").write_text(json.dumps({"metric": metric, "rows": rows, "curves": data}, indent=1))
+    if parent:
+        for name in ("report.png", "report.html", "summary.json"):
+            client.log_artifact(parent, str(out / name), "report")
+    return {"png": out / "report.png", "html": out / "report.html", "rows": rows, "groups": len(groups)}
