@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import time
 from collections import deque
 from typing import Any
@@ -26,13 +27,19 @@ def make_vector_env(spec: ExperimentSpec, num_envs: int, same_step_reset: bool =
     final observation in `info["final_obs"]`, which keeps on-policy rollouts free of reset rows."""
     import aa_ray.envs  # noqa: F401  (registers aa_ray/PusherReach-v0 in this process)
 
-    kwargs = dict(spec.env.kwargs)
-    if spec.env.max_episode_steps is not None:
-        kwargs["max_episode_steps"] = spec.env.max_episode_steps
+    kwargs = env_kwargs(spec)
     if same_step_reset:
         kwargs["vector_kwargs"] = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
     # "sync" keeps the E copies in this actor's process: parallelism comes from more runners
     return gym.make_vec(spec.env.id, num_envs=num_envs, vectorization_mode="sync", **kwargs)
+
+
+def env_kwargs(spec: ExperimentSpec) -> dict[str, Any]:
+    """Keyword arguments for gym.make(spec.env.id): the spec's kwargs and time-limit override."""
+    kwargs = dict(spec.env.kwargs)
+    if spec.env.max_episode_steps is not None:
+        kwargs["max_episode_steps"] = spec.env.max_episode_steps
+    return kwargs
 
 
 def env_dims(spec: ExperimentSpec) -> tuple[int, int]:
@@ -341,6 +348,35 @@ class EnvRunner:
             out["eval/distance"] = float(distances.mean())
             out["eval/success"] = float(np.mean(distances < 0.05))
         return out
+
+    def record_video(self, max_frames: int) -> tuple[bytes | None, str | None]:
+        """The first evaluation episode (same seed, deterministic policy) rendered offscreen, as GIF
+        bytes (the driver writes the file: this runner may be on another node). Returns (None,
+        reason) when this machine cannot render (no GL backend for MUJOCO_GL): training goes on."""
+        from PIL import Image
+
+        try:
+            env = gym.make(self.spec.env.id, render_mode="rgb_array", **env_kwargs(self.spec))
+            try:
+                obs, _ = env.reset(seed=10_000_000 + self.spec.seed * 1_000)  # evaluate()'s first episode
+                frames = [env.render()]
+                done = False
+                while not done and len(frames) < max_frames:
+                    action = self.policy.act(obs[None], deterministic=True)[0]
+                    obs, _, terminated, truncated, _ = env.step(self.to_env_action(action))
+                    frames.append(env.render())
+                    done = terminated or truncated
+                fps = env.metadata.get("render_fps") or 20
+            finally:
+                env.close()
+        except Exception as err:  # a missing GL library surfaces as ImportError, OSError, RuntimeError, ...
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            return None, f"eval video skipped: cannot render {self.spec.env.id} offscreen ({reason}); " \
+                         f"install a GL backend and set MUJOCO_GL=egl or osmesa, or set eval.video: false"
+        images = [Image.fromarray(frame) for frame in frames if frame is not None]
+        buffer = io.BytesIO()
+        images[0].save(buffer, format="GIF", save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
+        return buffer.getvalue(), None
 
     def rng_state(self) -> dict:
         return {"numpy": self.rng.bit_generator.state, "torch": self.generator.get_state()}

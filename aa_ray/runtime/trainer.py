@@ -158,6 +158,7 @@ class Trainer:
         self.runner_restarts = 0
         self.replay_size = 0
         self.metrics = RunMetrics(run_tag(spec))  # Ray metrics from the driver (Grafana)
+        self.video_unavailable = False  # set once rendering failed (eval.video)
 
     def check_prior_data(self, obs_dim: int, act_dim: int) -> Path | None:
         """Validate `algo.prior_data` against the spec's env (file footers only); DatasetError
@@ -291,9 +292,10 @@ class Trainer:
         if self.weights is not None:
             self.runners[index].set_weights.remote(*self.weights)
         self._event("runner_restart", runner=index, reason=reason, restarts=self.runner_restarts)
+        self._log({"runtime/runner_restarts": float(self.runner_restarts)}, self.counters.env_steps)
 
     def _event(self, kind: str, **details: Any) -> None:
-        """Print an event, count it in MLflow and append it to the run's events.jsonl."""
+        """Print an event and append it to the run's events.jsonl (an MLflow artifact at the end)."""
         event = {"time": datetime.now().isoformat(timespec="seconds"), "env_steps": self.counters.env_steps,
                  "event": kind, **details}
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -301,7 +303,6 @@ class Trainer:
             events.write(json.dumps(event) + "\n")
         if self.progress is not None:
             self.progress.message(f"event: {kind} " + ", ".join(f"{k}={v}" for k, v in details.items()))
-        self._log({"runtime/runner_restarts": float(self.runner_restarts)}, self.counters.env_steps)
 
     # ---- the run -------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -581,9 +582,23 @@ class Trainer:
         evaluator = self.runners[0]
         evaluator.set_weights.remote(*self.weights)  # async: it may still act with older weights
         evaluation = get_results(evaluator.evaluate.remote(self.spec.eval.episodes))
+        if self.spec.eval.video and not self.video_unavailable:
+            self._record_video(evaluator)
         evaluation["eval/at_env_steps"] = float(self.counters.env_steps)
         self.counters.evals.append(evaluation)
         return evaluation
+
+    def _record_video(self, evaluator: Any) -> None:
+        video, problem = get_results(evaluator.record_video.remote(self.spec.eval.video_max_frames))
+        if video is None:  # no GL backend here: say so once, keep training
+            self.video_unavailable = True
+            self._event("video_unavailable", reason=problem)
+            return
+        path = self.run_dir / "videos" / f"eval_{self.counters.env_steps:09d}.gif"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(video)
+        if self.tracker is not None:
+            self.tracker.log_artifact(path, "videos")
 
     def _target_reached(self, evaluation: dict[str, float]) -> bool:
         budget = self.spec.budget

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import os
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
@@ -33,7 +34,16 @@ class EnvSpec(SpecModel):
     def _registered(cls, env_id: str) -> str:
         import gymnasium as gym
 
-        import aa_ray.envs  # noqa: F401  (registers aa_ray/PusherReach-v0)
+        try:
+            import aa_ray.envs  # noqa: F401  (registers aa_ray/PusherReach-v0; imports MuJoCo)
+        except Exception as err:  # MuJoCo loads the GL backend MUJOCO_GL names at import
+            backend = os.environ.get("MUJOCO_GL")
+            hint = (
+                f"MUJOCO_GL={backend} is set but MuJoCo cannot load that GL backend: install it, pick another "
+                "(egl, osmesa), or unset MUJOCO_GL (training renders nothing)"
+                if backend else "check the MuJoCo installation"
+            )
+            raise ValueError(f"cannot import the MuJoCo envs ({type(err).__name__}: {err}); {hint}") from None
 
         if env_id not in gym.registry:
             close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.5)
@@ -83,6 +93,8 @@ class BudgetSpec(SpecModel):
 class EvalSpec(SpecModel):
     every_env_steps: PositiveInt = Field(2000, description="evaluate the deterministic policy this often")
     episodes: PositiveInt = Field(10, description="episodes per evaluation, on separate eval envs")
+    video: bool = Field(False, description="render the first eval episode (offscreen MuJoCo) to a GIF in MLflow")
+    video_max_frames: PositiveInt = Field(200, description="frames of each eval video at most")
 
 
 class CheckpointSpec(SpecModel):
