@@ -99,3 +99,25 @@ def test_submissions_without_the_token_are_refused(two_nodes: dict, tmp_path: Pa
     token = (two_nodes["state"] / "auth_token").read_text().strip()
     request = urllib.request.Request(f"{two_nodes['address']}/api/jobs/", headers={"Authorization": f"Bearer {token}"})
     assert urllib.request.urlopen(request, timeout=10).status == 200
+
+
+def test_cluster_configs_parse_and_keep_auth_and_loopback() -> None:
+    """The launcher and KubeRay files are valid YAML of the right kinds, run specs that exist, keep
+    token authentication on and the dashboard on loopback (or behind a ClusterIP service)."""
+    import yaml
+
+    for name, provider in (("aws.yaml", "aws"), ("onprem.yaml", "local")):
+        config = yaml.safe_load((ROOT / "cluster" / name).read_text())
+        assert config["provider"]["type"] == provider
+        head = " ".join(config["head_start_ray_commands"])
+        assert "RAY_AUTH_MODE=token" in head and "--dashboard-host=127.0.0.1" in head
+    manifests = {}
+    for name in ("raycluster.yaml", "rayjob.yaml"):
+        (document,) = yaml.safe_load_all((ROOT / "cluster" / "kuberay" / name).read_text())
+        manifests[document["kind"]] = document
+    assert set(manifests) == {"RayCluster", "RayJob"}
+    assert manifests["RayCluster"]["spec"]["authOptions"]["mode"] == "token"
+    job = manifests["RayJob"]["spec"]
+    assert job["rayClusterSpec"]["authOptions"]["mode"] == "token"
+    command = job["entrypoint"].split()
+    assert command[:2] == ["aa-ray", "run"] and (ROOT / command[2]).is_file()
