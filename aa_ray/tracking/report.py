@@ -53,9 +53,11 @@ def select_runs(client: MlflowClient, experiment: str | None, parent: str | None
     if parent:
         experiment_id = client.get_run(parent).info.experiment_id
         return client.search_runs([experiment_id], filter_string=f"tags.`{PARENT_TAG}` = '{parent}'")
-    found = client.get_experiment_by_name(experiment or "aa-ray")
+    name = experiment or "aa-ray"
+    found = client.get_experiment_by_name(name)
     if found is None:
-        raise ReportError(f"MLflow has no experiment {experiment!r} at {client.tracking_uri}")
+        raise ReportError(f"MLflow has no experiment {name!r} at {client.tracking_uri} (set MLFLOW_TRACKING_URI "
+                          "to the store your runs are in, or pass --experiment)")
     runs = client.search_runs([found.experiment_id])
     return [run for run in runs if "aa_ray.kind" not in run.data.tags]  # training runs, not sweep parents
 
