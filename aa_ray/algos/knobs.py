@@ -5,6 +5,7 @@ optimizer choice, reward normalization). Algorithm files call these; none subcla
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterable
 from typing import Literal
 
@@ -94,6 +95,11 @@ class GradientStep:
 
     Returns the global gradient norm (before clipping); the norm is measured on unscaled
     gradients, which is the only place it means anything under fp16.
+
+    A step whose loss or gradients are not finite is skipped (the parameters and optimizer state
+    stay as they were) and counted in `skipped`; `consecutive_skips` says how many in a row. The
+    check runs after the gradient all-reduce, so all learners skip the same steps. Under fp16 the
+    grad scaler's own inf/nan skips (loss-scale calibration) are left to it.
     """
 
     def __init__(
@@ -109,6 +115,8 @@ class GradientStep:
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.max_grad_norm = max_grad_norm
         self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
+        self.skipped = 0
+        self.consecutive_skips = 0
 
     def __call__(self, loss: Tensor, measure: bool = False) -> float:
         self.optimizer.zero_grad(set_to_none=True)
@@ -120,11 +128,16 @@ class GradientStep:
             ddp.average_grads_(self.params)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        norm = 0.0
+        grads = [p.grad for p in self.params if p.grad is not None]
+        norm = float(nn.utils.get_total_norm(grads)) if grads else 0.0
+        if self.scaler is None and not (math.isfinite(norm) and torch.isfinite(loss.detach())):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.skipped += 1
+            self.consecutive_skips += 1
+            return norm
+        self.consecutive_skips = 0
         if self.max_grad_norm is not None:
-            norm = float(nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
-        elif measure:
-            norm = float(nn.utils.clip_grad_norm_(self.params, float("inf")))
+            nn.utils.clip_grads_with_norm_(self.params, self.max_grad_norm, torch.tensor(norm))
         if self.scaler is None:
             self.optimizer.step()
         else:

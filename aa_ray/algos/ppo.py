@@ -18,6 +18,7 @@ from a KL target as in rsl_rl. Deliberate choices:
 
 from __future__ import annotations
 
+import math
 from typing import Literal, NamedTuple
 
 import torch
@@ -144,6 +145,7 @@ class PPO:
         )
         # several learners: DDP averages the actor's and critic's gradients; the normalizers stay plain
         self.actor_ddp, self.critic_ddp = ddp.wrap(self.policy.actor), ddp.wrap(self.policy.critic)
+        self.skipped = self.consecutive_skips = 0  # minibatch steps skipped for a non-finite loss or gradient
 
     def update(self, rollout: Rollout) -> dict[str, float]:
         cfg = self.cfg
@@ -200,7 +202,13 @@ class PPO:
         loss.backward()
         actor_norm = self._clip(self.policy.actor)
         critic_norm = self._clip(self.policy.critic)
-        self.optimizer.step()
+        if math.isfinite(actor_norm + critic_norm) and torch.isfinite(loss.detach()):
+            self.optimizer.step()
+            self.consecutive_skips = 0
+        else:  # leave the weights as they were (every learner sees the same all-reduced gradients)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.skipped += 1
+            self.consecutive_skips += 1
 
         with torch.no_grad():
             approx_kl = ddp.global_mean(((ratio - 1.0) - log_ratio).mean())  # Schulman's k3 estimator, >= 0

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from aa_ray.algos import build_algorithm
 from aa_ray.algos.common import Batch
+from aa_ray.algos.knobs import GradientStep
 from aa_ray.algos.ppo import Rollout
 from aa_ray.runtime.metrics import RunMetrics, run_tag
 from aa_ray.spec.experiment import ExperimentSpec
@@ -114,6 +115,7 @@ class Learner:
         self.critic_updates += len(batches)
         self.weights_version += 1
         info["learner/update_time_s"] = time.perf_counter() - start
+        info |= self._skips()
         self._record(len(batches), info)
         info["learner/critic_updates"] = float(self.critic_updates)
         return info
@@ -132,8 +134,17 @@ class Learner:
             self.algo.reward_norm.merge(*stats["return"])
         self.weights_version += 1
         info["learner/update_time_s"] = time.perf_counter() - start
+        info |= self._skips()
         self._record(self.spec.algo.ppo_epochs * self.spec.algo.num_minibatches, info)
         return info
+
+    def _skips(self) -> dict[str, float]:
+        """Gradient steps skipped for a non-finite loss or gradient: in all, and the longest current
+        run of them (the algorithm's GradientSteps; PPO counts its minibatch steps itself)."""
+        steps = [part for part in vars(self.algo).values() if isinstance(part, GradientStep)]
+        skipped = sum(step.skipped for step in steps) + getattr(self.algo, "skipped", 0)
+        consecutive = max([step.consecutive_skips for step in steps] + [getattr(self.algo, "consecutive_skips", 0)])
+        return {"learner/skipped_updates": float(skipped), "learner/consecutive_skips": float(consecutive)}
 
     def _record(self, updates: int, info: dict[str, float]) -> None:
         self.metrics.inc("aa_ray_learner_updates", updates)

@@ -159,6 +159,7 @@ class Trainer:
         self.replay_size = 0
         self.metrics = RunMetrics(run_tag(spec))  # Ray metrics from the driver (Grafana)
         self.video_unavailable = False  # set once rendering failed (eval.video)
+        self.q_warned = False  # the q_exploding event is written once
 
     def check_prior_data(self, obs_dim: int, act_dim: int) -> Path | None:
         """Validate `algo.prior_data` against the spec's env (file footers only); DatasetError
@@ -259,15 +260,30 @@ class Trainer:
         return updates
 
     def _learner_metrics(self, update_refs: list[Any]) -> dict[str, float]:
-        """Rank 0's metrics; a failed learner ends the run, pointing at the checkpoint to resume from."""
+        """Rank 0's metrics; a failed learner, or one whose updates keep coming out non-finite, ends
+        the run, pointing at the checkpoint to resume from. Exploding values are flagged."""
         try:
-            return get_results(update_refs)[0]
+            metrics = get_results(update_refs)[0]
         except TrainingError as err:
-            if self.last_checkpoint is not None:
-                hint = f"resume from the last checkpoint with: aa-ray run SPEC --resume {self.last_checkpoint}"
-            else:
-                hint = "no checkpoint was written before it (checkpoint.every_env_steps sets how often one is)"
-            raise TrainingError(f"a learner failed, so the run stopped ({err}); {hint}") from None
+            raise TrainingError(f"a learner failed, so the run stopped ({err}); {self._resume_hint()}") from None
+        limit = self.spec.runtime.max_consecutive_skips
+        if metrics.get("learner/consecutive_skips", 0) >= limit:
+            raise TrainingError(
+                f"the last {int(metrics['learner/consecutive_skips'])} gradient steps had non-finite losses or "
+                f"gradients (runtime.max_consecutive_skips={limit}), so the run stopped; check the env's rewards "
+                f"and observations and the learning rates; {self._resume_hint()}"
+            )
+        largest = max(abs(metrics.get("critic/q_max", 0.0)), abs(metrics.get("critic/value_mean", 0.0)))
+        metrics["learner/q_exploding"] = float(largest > self.spec.runtime.q_warning_bound)
+        if metrics["learner/q_exploding"] and not self.q_warned:
+            self.q_warned = True
+            self._event("q_exploding", value=largest, bound=self.spec.runtime.q_warning_bound)
+        return metrics
+
+    def _resume_hint(self) -> str:
+        if self.last_checkpoint is not None:
+            return f"resume from the last checkpoint with: aa-ray run SPEC --resume {self.last_checkpoint}"
+        return "no checkpoint was written before it (checkpoint.every_env_steps sets how often one is)"
 
     # ---- faults --------------------------------------------------------------------------------
     def _runner_stats(self, index: int, stats_ref: Any) -> dict[str, Any] | None:

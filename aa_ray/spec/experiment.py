@@ -122,6 +122,12 @@ class RuntimeSpec(SpecModel):
     max_runner_restarts: NonNegativeInt = Field(
         3, description="restart a crashed env runner this many times in a run before giving up"
     )
+    max_consecutive_skips: PositiveInt = Field(
+        100, description="stop the run after this many gradient steps in a row had a non-finite loss or gradient"
+    )
+    q_warning_bound: PositiveFloat = Field(
+        1e5, description="warn (learner/q_exploding) when the critic's largest value exceeds this"
+    )
     replay_cpus: PositiveFloat = Field(0.5, description="CPUs reserved for the replay actor")
     output_dir: str = Field("runs", min_length=1, description="where run folders and checkpoints go")
     resource_timeout_s: PositiveFloat = Field(
