@@ -68,6 +68,7 @@ def part_pipeline(args) -> dict:
     from aa_ray.tune.specs import load_pipeline
 
     rlpd, sac = [], []
+    home = os.getcwd()
     for seed in range(args.seeds):
         with tempfile.TemporaryDirectory() as folder:
             os.chdir(folder)  # a fresh stage cache and MLflow store per seed
@@ -88,6 +89,7 @@ def part_pipeline(args) -> dict:
             dataset = client.get_run(outcome["stages"]["rollouts"]["mlflow_run_id"]).data.metrics
             print(f"pipeline seed {seed}: rlpd solved at {rlpd[-1]}; dataset mean final distance "
                   f"{dataset.get('rollout/mean_final_distance')}", flush=True)
+            os.chdir(home)  # before the folder goes
         sac.append(steps_to_solve("sac.yaml", seed, 20_000, 500, args.output_dir))
     results = {"rlpd_stage": summarize(rlpd), "sac_from_scratch": summarize(sac)}
     print_table(["run", "online steps to solve per seed", "median", "spread (min-max)"],
