@@ -94,11 +94,9 @@ class Sweep:
     def __init__(self, spec: SweepSpec, base_raw: dict[str, Any], path: Path):
         self.spec, self.base_raw, self.path = spec, base_raw, path
 
-    def trial_raw(self, params: dict[str, Any]) -> dict[str, Any]:
-        return set_values(self.base_raw, params, source=f"sweep {self.path} search_space")
-
     def trial_spec(self, params: dict[str, Any]) -> ExperimentSpec:
-        return validate_spec(self.trial_raw(params), source=f"{self.path} trial {params}")
+        raw = set_values(self.base_raw, params, source=f"sweep {self.path} search_space")
+        return validate_spec(raw, source=f"{self.path} trial {params}")
 
 
 def _model(model: type[SpecModel], raw: dict[str, Any], source: Path) -> Any:
