@@ -55,9 +55,9 @@ EOF
 stop() {
   # `ray stop` would stop every Ray on the machine; stop the processes under this cluster's temp dir
   pkill -TERM -f -- "$STATE/ray" 2>/dev/null || true  # matches ray-worker too
-  for _ in $(seq 30); do
+  for _ in $(seq 20); do
     pgrep -f -- "$STATE/ray" > /dev/null || return 0
-    sleep 1
+    sleep 0.5
   done
   pkill -KILL -f -- "$STATE/ray" 2>/dev/null || true
 }
