@@ -142,3 +142,10 @@ def random_transitions(n: int, obs_dim: int, act_dim: int, seed: int = 0) -> dic
         "truncated": np.zeros(n, np.float32),
         "discount": np.full(n, 0.99, np.float32),
     }
+
+
+def run_part(args: argparse.Namespace, parts: dict[str, Any]) -> None:
+    """Print the machine, run the `--part` the command line chose, and write `--json` if asked."""
+    info = machine_info()
+    print_machine(info)
+    write_json(args.json, {"machine": info, **parts[args.part](args)})

@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import SPECS, base_parser, machine_info, print_machine, print_table, write_json  # noqa: E402
+from _common import SPECS, base_parser, print_table, run_part  # noqa: E402
 
 from aa_ray.runtime.trainer import Trainer  # noqa: E402
 from aa_ray.spec.loader import load_spec  # noqa: E402
@@ -103,11 +103,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--ppo-budget", type=int, default=500_000)
     parser.add_argument("--output-dir", default="/tmp/aa_ray_bench_experiments")
-    args = parser.parse_args()
-    info = machine_info()
-    print_machine(info)
-    payload = part_ppo(args) if args.part == "ppo" else part_pipeline(args)
-    write_json(args.json, {"machine": info, **payload})
+    run_part(parser.parse_args(), {"ppo": part_ppo, "pipeline": part_pipeline})
 
 
 if __name__ == "__main__":

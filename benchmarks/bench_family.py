@@ -21,12 +21,10 @@ from _common import (  # noqa: E402
     SPECS,
     alternate,
     base_parser,
-    machine_info,
     median_ratio,
-    print_machine,
     print_table,
     random_transitions,
-    write_json,
+    run_part,
 )
 
 from aa_ray.runtime.learner import Learner  # noqa: E402
@@ -116,11 +114,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--variants", nargs="*", help="subset of variants for --part solve")
     parser.add_argument("--output-dir", default="/tmp/aa_ray_bench_family")
-    args = parser.parse_args()
-    info = machine_info()
-    print_machine(info)
-    payload = part_updates(args) if args.part == "updates" else part_solve(args)
-    write_json(args.json, {"machine": info, **payload})
+    run_part(parser.parse_args(), {"updates": part_updates, "solve": part_solve})
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import mlflow
 from mlflow.entities import Metric, Param, RunTag
@@ -101,7 +101,7 @@ class MlflowTracker:
         run_id = run_id or context.run_id
         if run_id is not None:  # resuming: keep writing into the same run
             self.run_id = run_id
-            self._call(lambda: self.client.update_run(run_id, status="RUNNING"))
+            retry_locked(lambda: self.client.update_run(run_id, status="RUNNING"))
             return
         tags = {
             "algo": spec.algo.name,
@@ -118,10 +118,7 @@ class MlflowTracker:
         self.run_id = start_run(self.client, spec.tracking.experiment, tags)
         params = [Param(k, str(v)[:6000]) for k, v in flatten(spec_to_dict(spec)).items()]
         for i in range(0, len(params), _MAX_PARAMS):
-            self._call(lambda chunk=params[i : i + _MAX_PARAMS]: self.client.log_batch(self.run_id, params=chunk))
-
-    def _call(self, call: Callable[[], Any]) -> Any:
-        return retry_locked(call)
+            retry_locked(lambda chunk=params[i : i + _MAX_PARAMS]: self.client.log_batch(self.run_id, params=chunk))
 
     @property
     def uri(self) -> str:
@@ -136,19 +133,19 @@ class MlflowTracker:
     def flush(self) -> None:
         for i in range(0, len(self.pending), _MAX_BATCH):
             chunk = self.pending[i : i + _MAX_BATCH]
-            self._call(lambda chunk=chunk: self.client.log_batch(self.run_id, metrics=chunk))
+            retry_locked(lambda chunk=chunk: self.client.log_batch(self.run_id, metrics=chunk))
         self.pending = []
         self.last_flush = time.monotonic()
 
     def set_tag(self, key: str, value: str) -> None:
-        self._call(lambda: self.client.log_batch(self.run_id, tags=[RunTag(key, value)]))
+        retry_locked(lambda: self.client.log_batch(self.run_id, tags=[RunTag(key, value)]))
 
     def log_artifacts(self, folder: Path, artifact_path: str) -> None:
-        self._call(lambda: self.client.log_artifacts(self.run_id, str(folder), artifact_path))
+        retry_locked(lambda: self.client.log_artifacts(self.run_id, str(folder), artifact_path))
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
-        self._call(lambda: self.client.log_artifact(self.run_id, str(path), artifact_path))
+        retry_locked(lambda: self.client.log_artifact(self.run_id, str(path), artifact_path))
 
     def finish(self, status: str = "FINISHED") -> None:
         self.flush()
-        self._call(lambda: self.client.set_terminated(self.run_id, status=status))
+        retry_locked(lambda: self.client.set_terminated(self.run_id, status=status))
