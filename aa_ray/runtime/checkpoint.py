@@ -1,19 +1,33 @@
 """Checkpoint folders: `state.pt` (torch, loaded with weights_only=True), `spec.yaml`, and
-optionally `replay.parquet`."""
+optionally `replay.parquet`.
+
+A folder is written whole or not at all: its files go into `<name>.partial/`, which then replaces
+`<name>/` by renames, so a crash mid-write leaves the last complete checkpoint of that name (and
+every earlier one) as it was (between the two renames of a replaced folder, under
+`<name>.previous/`). `state.pt` records how many replay rows belong with it, and a
+resume checks the pair before any actor starts.
+
+Format 2 adds the env runners' full state (envs, episode accumulators) and the driver's pending
+normalizer statistics, which a bit-exact resume needs; format-1 checkpoints still load (their
+runners restart their envs)."""
 
 from __future__ import annotations
 
 import pickle
+import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import SpecError, flatten, spec_to_dict, spec_yaml, validate_spec
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 STATE_FILE, SPEC_FILE, REPLAY_FILE = "state.pt", "spec.yaml", "replay.parquet"
 
 # Sections that define what the networks and their data mean. A resumed run may change the
@@ -25,13 +39,25 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message names the file and what is wrong."""
 
 
-def save_checkpoint(folder: Path, spec: ExperimentSpec, state: dict[str, Any]) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
+def save_checkpoint(folder: Path, spec: ExperimentSpec, state: dict[str, Any], replay: pa.Table | None = None) -> Path:
+    """Write `folder` atomically (see the module docstring): state, spec and the replay table."""
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)  # left by a crash during an earlier write
+    partial.mkdir(parents=True)
     payload = {"format_version": FORMAT_VERSION, "spec": spec_to_dict(spec), **state}
-    tmp = folder / (STATE_FILE + ".tmp")
-    torch.save(payload, tmp)
-    tmp.replace(folder / STATE_FILE)  # a crash mid-write never leaves a half checkpoint behind
-    (folder / SPEC_FILE).write_text(spec_yaml(spec))
+    if replay is not None:
+        pq.write_table(replay, partial / REPLAY_FILE)
+        payload["replay_rows"] = replay.num_rows
+    torch.save(payload, partial / STATE_FILE)
+    (partial / SPEC_FILE).write_text(spec_yaml(spec))
+    if folder.exists():  # "final" of a resumed run: swap, so one complete version exists at any time
+        previous = folder.with_name(folder.name + ".previous")
+        shutil.rmtree(previous, ignore_errors=True)
+        folder.rename(previous)
+        partial.rename(folder)
+        shutil.rmtree(previous)
+    else:
+        partial.rename(folder)
     return folder
 
 
@@ -53,10 +79,10 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         ) from None
     if not isinstance(payload, dict) or "format_version" not in payload:
         raise CheckpointError(f"checkpoint file {state_file} is not an aa-ray checkpoint.")
-    if payload["format_version"] != FORMAT_VERSION:
+    if payload["format_version"] not in READABLE_VERSIONS:
         raise CheckpointError(
-            f"checkpoint file {state_file} has format version {payload['format_version']}, "
-            f"this aa-ray reads version {FORMAT_VERSION}."
+            f"checkpoint file {state_file} has format version {payload['format_version']!r}, "
+            f"this aa-ray reads versions {', '.join(map(str, READABLE_VERSIONS))}; use the aa-ray that wrote it."
         )
     payload["folder"] = state_file.parent
     return payload
@@ -84,3 +110,48 @@ def check_compatible(spec: ExperimentSpec, payload: dict[str, Any]) -> None:
             + "\n  ".join(diffs)
             + "\nResume with the spec stored beside the checkpoint (spec.yaml), or start a new run."
         )
+
+
+def read_replay(payload: dict[str, Any], obs_dim: int, act_dim: int) -> pa.Table | None:
+    """The checkpoint's replay table, checked against the state beside it and the env's dims;
+    None when the checkpoint kept no replay. CheckpointError naming the file otherwise."""
+    file = Path(payload["folder"]) / REPLAY_FILE
+    if not file.is_file():
+        return None
+    try:
+        table = pq.read_table(file)
+    except (OSError, pa.ArrowException) as err:
+        raise CheckpointError(
+            f"replay file {file} is truncated or corrupt ({str(err).splitlines()[0]}); resume from another "
+            "checkpoint, or delete the file to resume with an empty buffer that refills."
+        ) from None
+    dims = (table.schema.metadata or {}).get(b"aa_ray.replay", b"").decode()
+    expected_rows = payload.get("replay_rows", payload.get("replay", {}).get("size"))
+    problem = None
+    if dims != f"{obs_dim},{act_dim}":
+        problem = f"it holds obs/action dims {dims or 'unknown'}, the env has {obs_dim},{act_dim}"
+    elif expected_rows is not None and table.num_rows != expected_rows:
+        problem = f"it holds {table.num_rows} rows, its {STATE_FILE} expects {expected_rows}"
+    if problem:
+        raise CheckpointError(f"replay file {file} does not belong to this checkpoint or env: {problem}.")
+    return table
+
+
+def check_learner_state(payload: dict[str, Any], algorithm: Any) -> None:
+    """Load the checkpoint's learner state into a freshly built `algorithm` (on the driver, before
+    any actor starts): a file whose tensors or keys do not fit the spec is named here."""
+    state_file = Path(payload["folder"]) / STATE_FILE
+    try:
+        algorithm.load_state_dict(payload["learner"]["algo"])
+    except (KeyError, TypeError) as err:
+        raise CheckpointError(
+            f"checkpoint file {state_file} lacks learner state ({err!r}); it cannot be resumed."
+        ) from None
+    except (RuntimeError, ValueError) as err:
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        telling = [line for line in lines if "size mismatch" in line or "Missing" in line]
+        detail = (telling or lines or [type(err).__name__])[0]
+        raise CheckpointError(
+            f"checkpoint file {state_file} does not fit the spec's networks ({detail}); resume with the spec "
+            "stored beside it (spec.yaml)."
+        ) from None

@@ -15,6 +15,7 @@ from aa_ray.algos import build_policy
 from aa_ray.algos.knobs import return_moments
 from aa_ray.data import dataset as ds
 from aa_ray.data.scripted import scripted_controllers
+from aa_ray.runtime.env_state import pack, restore_vector_env, snapshot_vector_env, unpack
 from aa_ray.runtime.metrics import RunMetrics, run_tag
 from aa_ray.runtime.nstep import NStepWindow
 from aa_ray.spec.experiment import ExperimentSpec
@@ -378,9 +379,34 @@ class EnvRunner:
         images[0].save(buffer, format="GIF", save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
         return buffer.getvalue(), None
 
-    def rng_state(self) -> dict:
-        return {"numpy": self.rng.bit_generator.state, "torch": self.generator.get_state()}
+    def state(self) -> dict[str, Any]:
+        """Everything the next `sample`/`sample_rollout` depends on, as plain data for a checkpoint:
+        random generators, current observations and episode accumulators, pending n-step windows
+        and the env copies themselves (see `env_state`)."""
+        return {
+            "numpy_rng": self.rng.bit_generator.state,
+            "torch_rng": self.generator.get_state(),
+            "envs": snapshot_vector_env(self.envs),
+            "loop": pack({
+                "obs": self.obs,
+                "autoreset": self.autoreset,
+                "running_return": self.running_return,
+                "episode_returns": self.episodes.returns,
+                "episode_lengths": self.episodes.lengths,
+                "nstep": [list(window) for window in self.nstep.windows] if self.nstep else None,
+            }),
+        }
 
-    def load_rng_state(self, state: dict) -> None:
-        self.rng.bit_generator.state = state["numpy"]
-        self.generator.set_state(state["torch"])
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.rng.bit_generator.state = state["numpy_rng"]
+        self.generator.set_state(state["torch_rng"])
+        # a format-1 checkpoint kept only the generators; a resume with another envs_per_runner
+        # starts its envs afresh
+        if "envs" not in state or len(state["envs"]["envs"]) != self.num_envs:
+            return
+        restore_vector_env(self.envs, state["envs"])
+        loop = unpack(state["loop"])
+        self.obs, self.autoreset, self.running_return = loop["obs"], loop["autoreset"], loop["running_return"]
+        self.episodes.returns, self.episodes.lengths = loop["episode_returns"], loop["episode_lengths"]
+        if self.nstep is not None:
+            self.nstep.windows = [deque(tuple(step) for step in window) for window in loop["nstep"]]

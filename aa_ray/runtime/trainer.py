@@ -51,13 +51,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 import ray
+import torch
 
+from aa_ray.algos import build_algorithm
 from aa_ray.data.dataset import DatasetError, read_dataset
 from aa_ray.runtime import cluster
-from aa_ray.runtime.checkpoint import REPLAY_FILE, save_checkpoint
+from aa_ray.runtime.checkpoint import (
+    REPLAY_FILE,
+    check_learner_state,
+    load_checkpoint,
+    read_replay,
+    save_checkpoint,
+)
 from aa_ray.runtime.env_runner import EnvRunner, env_dims
+from aa_ray.runtime.env_state import pack, unpack
 from aa_ray.runtime.learner import Learner
 from aa_ray.runtime.metrics import RunMetrics, run_tag
 from aa_ray.runtime.progress import ProgressDisplay
@@ -71,6 +79,10 @@ EVENTS_FILE = "events.jsonl"  # restarts and other runtime events, one JSON obje
 
 class TrainingError(RuntimeError):
     """A run that failed inside an actor; the message is the actor's own error."""
+
+
+class ActorLost(TrainingError):
+    """An actor died (killed, out of memory, its node lost) rather than raising an exception."""
 
 
 @dataclass
@@ -116,7 +128,9 @@ def get_results(refs: Any) -> Any:
                 ready, pending = ray.wait(pending, num_returns=1)
                 ray.get(ready)
         return ray.get(refs)
-    except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as err:
+    except ray.exceptions.RayActorError as err:  # also a task whose input came from a dead actor
+        raise ActorLost(describe_failure(err)) from None
+    except ray.exceptions.RayTaskError as err:
         raise TrainingError(describe_failure(err)) from None
 
 
@@ -156,6 +170,7 @@ class Trainer:
         self.pending_stats: list[dict] = []  # runners' normalizer moments the learners have not merged yet
         self.weights: tuple[Any, Any] | None = None  # refs of the newest published (policy state, version)
         self.runner_restarts = 0
+        self.graph_restarts = 0  # the actor graph rebuilt after a learner or the replay actor died
         self.replay_size = 0
         self.metrics = RunMetrics(run_tag(spec))  # Ray metrics from the driver (Grafana)
         self.video_unavailable = False  # set once rendering failed (eval.video)
@@ -178,8 +193,10 @@ class Trainer:
 
     # ---- building the actor graph -------------------------------------------------------------
     def _build(self, obs_dim: int, act_dim: int, prior_path: Path | None) -> None:
+        """Start the actors in their placement-group bundles (the group is made on the first call)."""
         spec = self.spec
-        self.group, self.bundle_offset, self.owns_group = cluster.placement(spec)
+        if not hasattr(self, "group"):
+            self.group, self.bundle_offset, self.owns_group = cluster.placement(spec)
         learner_cls = ray.remote(Learner)
         self.learners = [
             learner_cls.options(
@@ -217,20 +234,26 @@ class Trainer:
             .remote(self.spec, index, incarnation)
         )
 
-    def _restore(self, payload: dict[str, Any]) -> None:
+    def _restore(self, payload: dict[str, Any], replay_table: Any) -> None:
         c = payload["counters"]
         self.counters = Counters(
             env_steps=c["env_steps"], iterations=c["iterations"], episodes=c["episodes"],
             next_eval=c["next_eval"], next_checkpoint=c["env_steps"] + self._every_ckpt(),
         )
         calls = [learner.load_state_dict.remote(payload["learner"]) for learner in self.learners]
-        replay_file = Path(payload["folder"]) / REPLAY_FILE
-        if self.replay is not None and replay_file.is_file():
-            table = pq.read_table(replay_file)  # read here: the replay actor may be on another node
-            calls.append(self.replay.load_table.remote(table, payload["replay"], str(replay_file)))
-            self.replay_size = int(payload["replay"]["size"])
-        for runner, state in zip(self.runners, payload["runner_rng"], strict=False):
-            calls.append(runner.load_rng_state.remote(state))
+        if self.replay is not None and replay_table is not None:
+            source = str(Path(payload["folder"]) / REPLAY_FILE)
+            calls.append(self.replay.load_table.remote(replay_table, payload["replay"], source))
+            self.replay_size = replay_table.num_rows
+        runner_states = payload.get("runners") or [{"numpy_rng": r["numpy"], "torch_rng": r["torch"]}
+                                                   for r in payload.get("runner_rng", [])]  # format 1
+        for runner, state in zip(self.runners, runner_states, strict=False):
+            calls.append(runner.load_state.remote(state))
+        if "driver" in payload:
+            driver = unpack(payload["driver"])
+            self.pending_stats = driver["pending_stats"]
+            self.window.returns.extend(driver["returns"])
+            self.window.distances.extend(driver["distances"])
         get_results(calls)
 
     def _request_weights(self) -> tuple[Any, Any]:
@@ -264,6 +287,8 @@ class Trainer:
         the run, pointing at the checkpoint to resume from. Exploding values are flagged."""
         try:
             metrics = get_results(update_refs)[0]
+        except ActorLost:
+            raise  # the run recovers from the last checkpoint (`_recover`)
         except TrainingError as err:
             raise TrainingError(f"a learner failed, so the run stopped ({err}); {self._resume_hint()}") from None
         limit = self.spec.runtime.max_consecutive_skips
@@ -310,6 +335,56 @@ class Trainer:
         self._event("runner_restart", runner=index, reason=reason, restarts=self.runner_restarts)
         self._log({"runtime/runner_restarts": float(self.runner_restarts)}, self.counters.env_steps)
 
+    def _recover(self, reason: str) -> None:
+        """A learner or the replay actor died: rebuild the whole actor graph and continue from the
+        last checkpoint (from the start if there is none yet), in the same MLflow run. The env steps
+        since that checkpoint are collected again; the metrics of those steps are logged twice."""
+        self.graph_restarts += 1
+        limit = self.spec.runtime.max_learner_restarts
+        lost = self._dead_actors() or ["an actor"]
+        if self.graph_restarts > limit:
+            raise TrainingError(
+                f"{', '.join(lost)} died ({reason}) after runtime.max_learner_restarts={limit} restarts of the "
+                f"actor graph in this run; {self._resume_hint()}"
+            )
+        lost_at, evals = self.counters.env_steps, self.counters.evals
+        self._kill_actors()
+        self._build(*self.graph_args)
+        self.window, self.pending_stats = Window(), []
+        if self.last_checkpoint is not None:
+            payload = load_checkpoint(self.last_checkpoint)
+            obs_dim, act_dim, _ = self.graph_args
+            self._restore(payload, None if self.spec.on_policy else read_replay(payload, obs_dim, act_dim))
+        else:
+            self.counters = Counters(next_eval=self.spec.eval.every_env_steps, next_checkpoint=self._every_ckpt())
+            self.replay_size = 0
+            if self.prior_info is not None:
+                self.pending_stats.append({"obs": self.prior_info["obs"], "return": (0, 0.0, 1.0, 0.0)})
+        self.counters.evals = [e for e in evals if e["eval/at_env_steps"] <= self.counters.env_steps]
+        self._publish_weights()
+        self._event(
+            "actor_graph_restart", lost=lost, reason=reason, lost_at_env_steps=lost_at,
+            resumed_from=str(self.last_checkpoint or "the start"), replay_size=self.replay_size,
+            restarts=self.graph_restarts,
+        )
+        self._log({"runtime/graph_restarts": float(self.graph_restarts)}, self.counters.env_steps)
+
+    def _dead_actors(self) -> list[str]:
+        """Names of the actors that are gone (a busy one, e.g. a learner waiting on a dead peer's
+        collective, does not answer within the timeout and is not counted)."""
+        named = [(f"learner {rank}", learner) for rank, learner in enumerate(self.learners)]
+        named += [("replay", self.replay)] if self.replay is not None else []
+        named += [(f"env runner {index}", runner) for index, runner in enumerate(self.runners)]
+        pings = {actor.__ray_ready__.remote(): name for name, actor in named}
+        answered, _ = ray.wait(list(pings), num_returns=len(pings), timeout=10)
+        dead = []
+        for ref in answered:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:
+                dead.append(pings[ref])
+        return sorted(dead, key=[name for name, _ in named].index)
+
     def _event(self, kind: str, **details: Any) -> None:
         """Print an event and append it to the run's events.jsonl (an MLflow artifact at the end)."""
         event = {"time": datetime.now().isoformat(timespec="seconds"), "env_steps": self.counters.env_steps,
@@ -324,12 +399,14 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         obs_dim, act_dim = env_dims(self.spec)  # a spec whose env cannot be made stops here
         prior_path = self.check_prior_data(obs_dim, act_dim)  # so does a dataset that does not fit it
+        replay_table = self._check_resume(obs_dim, act_dim) if self.resume is not None else None
+        self.graph_args = (obs_dim, act_dim, prior_path)
         started_ray = cluster.connect(self.spec)
         status = "FAILED"
         try:
-            self._build(obs_dim, act_dim, prior_path)
+            self._build(*self.graph_args)
             if self.resume is not None:
-                self._restore(self.resume)
+                self._restore(self.resume, replay_table)
             self._publish_weights()
             if self.track:
                 run_id = self.resume.get("mlflow_run_id") if self.resume else None
@@ -349,16 +426,26 @@ class Trainer:
                     self.tracker.log_artifact(self.run_dir / EVENTS_FILE)
                 self.tracker.finish(status)
             if hasattr(self, "group"):
-                for actor in [*self.learners, self.replay, *self.runners]:
-                    if actor is not None:
-                        ray.kill(actor)
+                self._kill_actors()
                 if self.owns_group:
                     ray.util.remove_placement_group(self.group)
             if started_ray:
                 ray.shutdown()
 
+    def _check_resume(self, obs_dim: int, act_dim: int) -> Any:
+        """Check the checkpoint's learner state and replay file against the spec before any actor
+        starts (CheckpointError naming the file otherwise); returns the replay table, if it has one."""
+        planned_steps = self.spec.budget.env_steps // self.spec.transitions_per_fleet_step
+        algorithm = build_algorithm(self.spec.algo, obs_dim, act_dim, torch.device("cpu"), planned_steps)
+        check_learner_state(self.resume, algorithm)
+        return None if self.spec.on_policy else read_replay(self.resume, obs_dim, act_dim)
+
+    def _kill_actors(self) -> None:
+        for actor in [*self.learners, self.replay, *self.runners]:
+            if actor is not None:
+                ray.kill(actor)
+
     def _train(self) -> dict[str, Any]:
-        c = self.counters
         if self.prior_info is not None and self.resume is None:  # a resumed normalizer already holds them
             self.pending_stats.append({"obs": self.prior_info["obs"], "return": (0, 0.0, 1.0, 0.0)})
         with ProgressDisplay(self.spec.name, self.spec.budget.env_steps, live=self.live) as progress:
@@ -367,8 +454,14 @@ class Trainer:
                 loop = self._loop_on_policy
             else:
                 loop = self._loop_async if self.spec.runtime.mode == "async" else self._loop_sync
-            stop_reason = loop() if c.env_steps < self.spec.budget.env_steps else "budget"
+            while True:
+                try:
+                    stop_reason = loop() if self.counters.env_steps < self.spec.budget.env_steps else "budget"
+                    break
+                except ActorLost as lost:
+                    self._recover(str(lost))
             final = self.save_checkpoint("final")
+            c = self.counters
             progress.message(
                 f"done ({stop_reason}) at {c.env_steps:,} env steps; last eval "
                 + ", ".join(f"{k} {v:.4g}" for k, v in (c.evals[-1] if c.evals else {}).items())
@@ -389,6 +482,7 @@ class Trainer:
             "replay_size": self.replay_size,
             "prior_size": self.prior_info["rows"] if self.prior_info else 0,
             "runner_restarts": self.runner_restarts,
+            "graph_restarts": self.graph_restarts,
         }
 
     def _learning_started(self) -> bool:
@@ -597,7 +691,12 @@ class Trainer:
     def _evaluate(self) -> dict[str, float]:
         evaluator = self.runners[0]
         evaluator.set_weights.remote(*self.weights)  # async: it may still act with older weights
-        evaluation = get_results(evaluator.evaluate.remote(self.spec.eval.episodes))
+        try:
+            evaluation = get_results(evaluator.evaluate.remote(self.spec.eval.episodes))
+        except ActorLost as lost:  # the evaluating runner died: replace it and evaluate again
+            self._restart_runner(0, str(lost))
+            evaluator = self.runners[0]
+            evaluation = get_results(evaluator.evaluate.remote(self.spec.eval.episodes))
         if self.spec.eval.video and not self.video_unavailable:
             self._record_video(evaluator)
         evaluation["eval/at_env_steps"] = float(self.counters.env_steps)
@@ -633,28 +732,32 @@ class Trainer:
             self.tracker.log_artifact(folder / name, f"checkpoints/{folder.name}")
 
     def save_checkpoint(self, name: str) -> Path:
-        folder = self.run_dir / "checkpoints" / name
-        folder.mkdir(parents=True, exist_ok=True)
-        c = self.counters
-        learner_state, replay_state, runner_rng = self._collect_state()
-        if self.replay is not None and self.spec.checkpoint.save_replay:
-            pq.write_table(get_results(self.replay.to_table.remote()), folder / REPLAY_FILE)
+        """Everything a bit-exact resume needs (sync mode): learner, replay, runners and the driver's
+        own pending state, written atomically (see `checkpoint.save_checkpoint`)."""
+        c, w = self.counters, self.window
+        learner_ref = self.learners[0].state_dict.remote()
+        replay_refs = []
+        if self.replay is not None:
+            replay_refs = [self.replay.state.remote()]
+            if self.spec.checkpoint.save_replay:
+                replay_refs.append(self.replay.to_table.remote())
+        runner_refs = [runner.state.remote() for runner in self.runners]
+        replay_state, replay_table = (get_results(replay_refs) + [None, None])[:2]
         state = {
             "counters": {
                 "env_steps": c.env_steps, "iterations": c.iterations, "episodes": c.episodes,
                 "next_eval": c.next_eval,
             },
-            "learner": learner_state,
-            "replay": replay_state,
-            "runner_rng": runner_rng,
+            "learner": get_results(learner_ref),
+            "replay": replay_state or {},
+            "runners": get_results(runner_refs),
+            # normalizer moments collected but not merged yet, and the episodes train/* averages over
+            "driver": pack({"pending_stats": self.pending_stats, "returns": list(w.returns),
+                            "distances": list(w.distances)}),
             "mlflow_run_id": self.tracker.run_id if self.tracker else None,
         }
-        self.last_checkpoint = save_checkpoint(folder, self.spec, state)
+        folder = self.run_dir / "checkpoints" / name
+        self.last_checkpoint = save_checkpoint(folder, self.spec, state, replay_table)
+        if self.tracker is not None:  # a crash after this loses no metric logged before the checkpoint
+            self.tracker.flush()
         return folder
-
-    def _collect_state(self) -> tuple[dict, dict, list]:
-        learner_ref = self.learners[0].state_dict.remote()
-        replay_ref = self.replay.state.remote() if self.replay is not None else None
-        rng_refs = [r.rng_state.remote() for r in self.runners]
-        replay_state = get_results(replay_ref) if replay_ref is not None else {}
-        return get_results(learner_ref), replay_state, get_results(rng_refs)

@@ -122,6 +122,11 @@ class RuntimeSpec(SpecModel):
     max_runner_restarts: NonNegativeInt = Field(
         3, description="restart a crashed env runner this many times in a run before giving up"
     )
+    max_learner_restarts: NonNegativeInt = Field(
+        3,
+        description="when a learner or the replay actor dies, rebuild the actor graph from the last checkpoint "
+        "this many times in a run before giving up",
+    )
     max_consecutive_skips: PositiveInt = Field(
         100, description="stop the run after this many gradient steps in a row had a non-finite loss or gradient"
     )

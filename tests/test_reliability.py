@@ -1,0 +1,158 @@
+"""Faults injected into real runs (local Ray, MuJoCo pusher-reach, SQLite MLflow): a driver killed
+mid-run and resumed continues bit-exactly; runner, replay and learner processes killed by pid are
+recovered from without losing the run or its replay buffer."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import torch
+from mlflow.tracking import MlflowClient
+
+from aa_ray.runtime.checkpoint import load_checkpoint
+from aa_ray.runtime.trainer import Trainer
+from aa_ray.spec.loader import load_spec
+
+SPECS = Path(__file__).resolve().parents[1] / "specs"
+# n-step windows and two runners of two envs each: every kind of runner state is mid-flight at a checkpoint
+SMALL = [
+    "algo.hidden_dims=[32,32]", "algo.batch_size=64", "algo.warm_up_steps=200", "algo.train_every=5",
+    "algo.n_step=3", "runners.num_runners=2", "runners.envs_per_runner=2", "eval.episodes=2",
+]
+TIMING = ("per_s", "time_s")  # wall-clock metrics differ between any two runs
+
+
+def aa_ray_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "aa_ray.cli", "run", str(SPECS / "sac.yaml"), "--plain", *args]
+
+
+def overrides(*extra: str) -> list[str]:
+    return [arg for item in [*SMALL, *extra] for arg in ("--set", item)]
+
+
+def metric_history(run_id: str) -> dict[tuple[str, int], float]:
+    """(metric, step) -> value; a step logged again after a resume keeps its newest value."""
+    client = MlflowClient()
+    history = {}
+    for key in client.get_run(run_id).data.metrics:
+        if any(part in key for part in TIMING):
+            continue
+        for point in sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp):
+            history[(key, point.step)] = point.value
+    return history
+
+
+def mlflow_run_id(stdout: str) -> str:
+    return stdout.split("mlflow run: ")[1].split()[0]
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_killed_and_resumed_run_repeats_the_uninterrupted_one_exactly(tmp_path: Path) -> None:
+    """Sync mode, seed 0: SIGKILL the driver after its second checkpoint, resume with --resume;
+    every logged metric at every step, and the final weights, equal an uninterrupted run's."""
+    settings = overrides("budget.env_steps=1200", "checkpoint.every_env_steps=400", "eval.every_env_steps=400")
+    whole = subprocess.run(aa_ray_command(*settings, "--set", "runtime.output_dir=whole"),
+                           capture_output=True, text=True, timeout=600)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+
+    killed = subprocess.Popen(aa_ray_command(*settings, "--set", "runtime.output_dir=killed"),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    def written() -> list[Path]:  # complete checkpoints (a folder being written is named step_*.partial)
+        return sorted(p for p in (tmp_path / "killed").glob("*/checkpoints/step_*") if "." not in p.name)
+
+    wait_for(lambda: len(written()) >= 2 or killed.poll() is not None, "the second checkpoint")
+    time.sleep(1.0)  # let it log a few iterations past the checkpoint: the resume must overwrite them
+    assert killed.poll() is None, "the run ended before it could be killed"
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait()
+    last = written()[-1]
+    resumed_at = load_checkpoint(last)["counters"]["env_steps"]
+    assert 800 <= resumed_at < 1200
+
+    resumed = subprocess.run(aa_ray_command(*settings, "--set", "runtime.output_dir=killed", "--resume", str(last)),
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    expected, actual = metric_history(mlflow_run_id(whole.stdout)), metric_history(mlflow_run_id(resumed.stdout))
+    after_resume = [key for key in expected if key[1] > resumed_at]
+    assert len(after_resume) > 40 and ("eval/return", 1200) in expected
+    differing = sorted(key for key in expected.keys() | actual.keys() if expected.get(key) != actual.get(key))
+    assert not differing, differing[:20]
+    final_state = [load_checkpoint(next((tmp_path / run).glob("*/checkpoints/final")))["learner"]["algo"]
+                   for run in ("whole", "killed")]
+    for name, tensor in final_state[0]["policy"].items():
+        assert torch.equal(tensor, final_state[1]["policy"][name]), name
+
+
+def kill_actor_process(class_name: str) -> int:
+    """SIGKILL the process of one live actor of this class (as the OOM killer or a crash would)."""
+    for process in psutil.process_iter(["cmdline"]):
+        if (process.info["cmdline"] or [""])[0].startswith(f"ray::{class_name}"):
+            process.kill()
+            return process.pid
+    raise AssertionError(f"no {class_name} process to kill")
+
+
+def test_chaos_runner_then_replay_then_learner_killed_by_pid(tmp_path: Path) -> None:
+    """A runner is replaced in place; the replay actor and then a learner each take the actor graph
+    back to the last checkpoint. The run still ends at its budget, as one FINISHED MLflow run with
+    the restarts logged, and after each recovery the replay holds at least the checkpointed rows."""
+    spec = load_spec(SPECS / "sac.yaml", [*SMALL, "budget.env_steps=2400", "checkpoint.every_env_steps=400",
+                                          "eval.every_env_steps=800"])
+    trainer = Trainer(spec, run_dir=tmp_path / "run", live=False)
+    outcome: dict = {}
+    thread = threading.Thread(target=lambda: outcome.update(result=trainer.run()), daemon=True)
+    thread.start()
+    checkpointed_rows = []
+
+    wait_for(lambda: trainer.last_checkpoint is not None, "the first checkpoint")
+    kill_actor_process("EnvRunner")
+    wait_for(lambda: trainer.runner_restarts == 1, "the runner restart")
+
+    checkpoint = trainer.last_checkpoint
+    checkpointed_rows.append(load_checkpoint(checkpoint)["replay_rows"])
+    kill_actor_process("ReplayBuffer")
+    wait_for(lambda: trainer.graph_restarts == 1, "the first graph restart")
+
+    wait_for(lambda: trainer.last_checkpoint not in (None, checkpoint), "a checkpoint after the recovery")
+    checkpointed_rows.append(load_checkpoint(trainer.last_checkpoint)["replay_rows"])
+    kill_actor_process("Learner")
+    wait_for(lambda: trainer.graph_restarts == 2, "the second graph restart")
+    thread.join(timeout=300)
+
+    result = outcome["result"]
+    assert result["env_steps"] >= 2400 and result["replay_size"] > max(checkpointed_rows)
+    assert result["runner_restarts"] == 1 and result["graph_restarts"] == 2
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["runner_restart", "actor_graph_restart", "actor_graph_restart"]
+    assert events[1]["lost"] == ["replay"] and events[2]["lost"] == ["learner 0"]
+    for event, rows in zip(events[1:], checkpointed_rows, strict=True):
+        assert event["replay_size"] >= rows > 0
+
+    client = MlflowClient()
+    runs = client.search_runs([client.get_experiment_by_name("aa-ray").experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"  # recovered in place, not forked
+    run_id = runs[0].info.run_id
+    assert client.get_metric_history(run_id, "runtime/graph_restarts")[-1].value == 2.0
+    assert client.get_metric_history(run_id, "runtime/runner_restarts")[-1].value == 1.0
+    sizes = sorted(client.get_metric_history(run_id, "replay/size"), key=lambda m: m.timestamp)
+    restarts = sorted(client.get_metric_history(run_id, "runtime/graph_restarts"), key=lambda m: m.timestamp)
+    for restart, rows in zip(restarts, checkpointed_rows, strict=True):
+        after = [m.value for m in sizes if m.timestamp >= restart.timestamp]
+        assert after and min(after) >= rows  # the buffer came back whole and only grew from there
+    assert "events.jsonl" in {a.path for a in client.list_artifacts(run_id)}
