@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer = Trainer(spec, resume=resume, track=False if args.no_track else None, live=False if args.plain else None)
     try:
         result = trainer.run()
-    except (SpecError, DatasetError) as err:
+    except (SpecError, DatasetError, CheckpointError) as err:
         return _fail(str(err))
     except (ResourceError, TrainingError) as err:
         hint = f" Last checkpoint: {trainer.last_checkpoint}." if trainer.last_checkpoint else ""

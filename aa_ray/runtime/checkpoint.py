@@ -13,9 +13,7 @@ runners restart their envs)."""
 
 from __future__ import annotations
 
-import pickle
 import shutil
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +31,7 @@ STATE_FILE, SPEC_FILE, REPLAY_FILE = "state.pt", "spec.yaml", "replay.parquet"
 # Sections that define what the networks and their data mean. A resumed run may change the
 # budget, eval cadence, fleet size or tracking, but not these.
 _MUST_MATCH = ("env", "algo")
+_COUNTERS = ("env_steps", "iterations", "episodes", "next_eval")
 
 
 class CheckpointError(ValueError):
@@ -71,7 +70,9 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         )
     try:
         payload = torch.load(state_file, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError, ValueError) as err:
+    except Exception as err:  # a damaged file fails anywhere in zip, pickle or tensor decoding
+        if isinstance(err, PermissionError):
+            raise CheckpointError(f"checkpoint file {state_file} cannot be read ({err}).") from None
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise CheckpointError(
             f"checkpoint file {state_file} is corrupt or not an aa-ray checkpoint ({reason}); "
@@ -97,7 +98,10 @@ def checkpoint_spec(payload: dict[str, Any]) -> ExperimentSpec:
 
 def check_compatible(spec: ExperimentSpec, payload: dict[str, Any]) -> None:
     """Refuse to resume a checkpoint into a spec whose env or algorithm differ."""
-    saved = flatten({k: payload["spec"][k] for k in _MUST_MATCH})
+    stored = payload.get("spec")
+    if not (isinstance(stored, dict) and all(isinstance(stored.get(k), dict) for k in _MUST_MATCH)):
+        raise CheckpointError(f"checkpoint {payload['folder']} holds no readable spec; it cannot be resumed.")
+    saved = flatten({k: stored[k] for k in _MUST_MATCH})
     wanted = flatten({k: spec_to_dict(spec)[k] for k in _MUST_MATCH})
     diffs = [
         f"{key}: checkpoint has {saved.get(key)!r}, spec has {wanted.get(key)!r}"
@@ -135,6 +139,21 @@ def read_replay(payload: dict[str, Any], obs_dim: int, act_dim: int) -> pa.Table
     if problem:
         raise CheckpointError(f"replay file {file} does not belong to this checkpoint or env: {problem}.")
     return table
+
+
+def verify_resume(payload: dict[str, Any], spec: ExperimentSpec, algorithm: Any, obs_dim: int, act_dim: int) -> Any:
+    """Everything a resume checks before any actor starts: the checkpoint's env and algo match the
+    spec, its learner state fits `algorithm` (a freshly built one), and its replay file belongs to
+    it. Returns the replay table (None if it has none). CheckpointError naming the file otherwise."""
+    counters = payload.get("counters")
+    if not (isinstance(counters, dict) and all(isinstance(counters.get(key), int) for key in _COUNTERS)):
+        raise CheckpointError(
+            f"checkpoint {payload['folder']} holds no run counters ({', '.join(_COUNTERS)}), so it was not written by "
+            "a training run and cannot be resumed; roll it out instead (aa-ray rollout --checkpoint)."
+        )
+    check_compatible(spec, payload)
+    check_learner_state(payload, algorithm)
+    return None if spec.on_policy else read_replay(payload, obs_dim, act_dim)
 
 
 def check_learner_state(payload: dict[str, Any], algorithm: Any) -> None:

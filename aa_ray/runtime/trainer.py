@@ -59,10 +59,10 @@ from aa_ray.data.dataset import DatasetError, read_dataset
 from aa_ray.runtime import cluster
 from aa_ray.runtime.checkpoint import (
     REPLAY_FILE,
-    check_learner_state,
     load_checkpoint,
     read_replay,
     save_checkpoint,
+    verify_resume,
 )
 from aa_ray.runtime.env_runner import EnvRunner, env_dims
 from aa_ray.runtime.env_state import pack, unpack
@@ -437,8 +437,7 @@ class Trainer:
         starts (CheckpointError naming the file otherwise); returns the replay table, if it has one."""
         planned_steps = self.spec.budget.env_steps // self.spec.transitions_per_fleet_step
         algorithm = build_algorithm(self.spec.algo, obs_dim, act_dim, torch.device("cpu"), planned_steps)
-        check_learner_state(self.resume, algorithm)
-        return None if self.spec.on_policy else read_replay(self.resume, obs_dim, act_dim)
+        return verify_resume(self.resume, self.spec, algorithm, obs_dim, act_dim)
 
     def _kill_actors(self) -> None:
         for actor in [*self.learners, self.replay, *self.runners]:
