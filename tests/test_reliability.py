@@ -64,8 +64,9 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 180) -> 
 
 def test_a_killed_and_resumed_run_repeats_the_uninterrupted_one_exactly(tmp_path: Path) -> None:
     """Sync mode, seed 0: SIGKILL the driver after its second checkpoint, resume with --resume;
-    every logged metric at every step, and the final weights, equal an uninterrupted run's."""
-    settings = overrides("budget.env_steps=1200", "checkpoint.every_env_steps=400", "eval.every_env_steps=400")
+    every logged metric at every step, and the final weights, equal an uninterrupted run's. (The
+    steps before the kill come from a separate process, so this also proves sync mode reproducible.)"""
+    settings = overrides("budget.env_steps=900", "checkpoint.every_env_steps=300", "eval.every_env_steps=300")
     whole = subprocess.run(aa_ray_command(*settings, "--set", "runtime.output_dir=whole"),
                            capture_output=True, text=True, timeout=600)
     assert whole.returncode == 0, whole.stderr[-3000:]
@@ -82,7 +83,7 @@ def test_a_killed_and_resumed_run_repeats_the_uninterrupted_one_exactly(tmp_path
     killed.wait()
     last = written()[-1]
     resumed_at = load_checkpoint(last)["counters"]["env_steps"]
-    assert 800 <= resumed_at < 1200
+    assert 600 <= resumed_at < 900
 
     resumed = subprocess.run(aa_ray_command(*settings, "--set", "runtime.output_dir=killed", "--resume", str(last)),
                              capture_output=True, text=True, timeout=600)
@@ -90,7 +91,7 @@ def test_a_killed_and_resumed_run_repeats_the_uninterrupted_one_exactly(tmp_path
 
     expected, actual = metric_history(mlflow_run_id(whole.stdout)), metric_history(mlflow_run_id(resumed.stdout))
     after_resume = [key for key in expected if key[1] > resumed_at]
-    assert len(after_resume) > 40 and ("eval/return", 1200) in expected
+    assert len(after_resume) > 40 and ("eval/return", max(step for _, step in expected)) in after_resume
     differing = sorted(key for key in expected.keys() | actual.keys() if expected.get(key) != actual.get(key))
     assert not differing, differing[:20]
     final_state = [load_checkpoint(next((tmp_path / run).glob("*/checkpoints/final")))["learner"]["algo"]

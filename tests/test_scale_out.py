@@ -1,5 +1,5 @@
 """Scaling out on a real local Ray: DDP learners (gloo), checkpoints across learner counts, sync-mode
-reproducibility, async collection, runner restarts and fail-fast resource checks."""
+async collection, runner restarts and fail-fast resource checks."""
 
 from __future__ import annotations
 
@@ -102,15 +102,6 @@ def test_checkpoints_move_between_one_and_two_learners(tmp_path: Path) -> None:
         critic_updates.append(load_checkpoint(checkpoint)["learner"]["critic_updates"])
     assert [steps // 100 for steps in env_steps] == [6, 9, 12]  # each budget met (a chunk may overshoot)
     assert critic_updates[0] < critic_updates[1] < critic_updates[2], critic_updates  # each one trained on
-
-
-def test_sync_mode_is_bit_reproducible() -> None:
-    """Two sync runs with the same seed (2 runners) produce the same evaluations and weights."""
-    overrides = [*SMALL_SAC, "runners.num_runners=2", "budget.env_steps=1000", "eval.every_env_steps=500"]
-    results = [Trainer(spec(*overrides), live=False).run() for _ in range(2)]
-    assert results[0]["evals"] == results[1]["evals"]
-    states = [load_checkpoint(r["checkpoint"])["learner"]["algo"]["policy"] for r in results]
-    assert all((states[0][k] == states[1][k]).all() for k in states[0])
 
 
 def metric_history(run_id: str, key: str) -> list[float]:

@@ -30,7 +30,14 @@ as object refs and never pass through the driver.
 Faults: a runner that dies or raises is replaced in its placement-group bundle (up to
 `runtime.max_runner_restarts`), the event is printed, logged as `runtime/runner_restarts` and
 written to the run's `events.jsonl`; the chunk it was collecting is lost, the replay buffer is not.
-A learner that dies ends the run with an error naming the last checkpoint to resume from.
+A learner or the replay actor that dies (killed, out of memory, its node gone) takes the whole actor
+graph back to the last checkpoint: every actor is replaced in the same bundles, the checkpoint's
+learner, replay, runner and driver state is loaded, and the run goes on in the same MLflow run (up
+to `runtime.max_learner_restarts`; logged as `runtime/graph_restarts` and an event). A learner that
+raises an exception ends the run with an error naming the last checkpoint to resume from.
+
+Checkpoints hold everything the next iteration depends on (see `save_checkpoint`), so in sync mode
+a run resumed from one continues exactly as the uninterrupted run would have.
 
 RLPD (`algo.prior_data` set): the dataset is validated against the spec's env before Ray starts,
 the replay actor loads it into its prior buffer, and every batch it samples is
