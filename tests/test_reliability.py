@@ -4,6 +4,7 @@ recovered from without losing the run or its replay buffer."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -101,9 +102,13 @@ def test_a_killed_and_resumed_run_repeats_the_uninterrupted_one_exactly(tmp_path
 
 
 def kill_actor_process(class_name: str) -> int:
-    """SIGKILL the process of one live actor of this class (as the OOM killer or a crash would)."""
-    for process in psutil.process_iter(["cmdline"]):
-        if (process.info["cmdline"] or [""])[0].startswith(f"ray::{class_name}"):
+    """SIGKILL the process of one live actor of this class (as the OOM killer or a crash would),
+    among this test's own processes (the embedded Ray is started from this one)."""
+    for process in psutil.Process().children(recursive=True):
+        cmdline = []
+        with contextlib.suppress(psutil.Error):
+            cmdline = process.cmdline()
+        if cmdline and cmdline[0].startswith(f"ray::{class_name}"):
             process.kill()
             return process.pid
     raise AssertionError(f"no {class_name} process to kill")

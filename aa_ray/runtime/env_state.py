@@ -81,8 +81,10 @@ def _env_snapshot(env: gym.Env) -> dict[str, Any]:
 
 def _env_restore(env: gym.Env, snapshot: dict[str, Any]) -> None:
     for layer, attributes in zip(_layers(env), snapshot["layers"], strict=True):
+        present = _simple_attributes(layer)
         for name, value in attributes.items():
-            setattr(layer, name, value)
+            if name in present:  # a checkpoint sets only the simple attributes a fresh env already has
+                setattr(layer, name, value)
     base = env.unwrapped
     if "np_random" in snapshot:
         if getattr(base, "_np_random", None) is None:
@@ -108,7 +110,9 @@ def restore_vector_env(envs: gym.vector.SyncVectorEnv, snapshot: dict[str, Any])
     snapshot = unpack(snapshot)
     if len(snapshot["envs"]) != len(envs.envs):
         raise ValueError(f"the snapshot holds {len(snapshot['envs'])} env copies, this runner has {len(envs.envs)}")
+    present = _simple_attributes(envs)
     for name, value in snapshot["vector"].items():
-        setattr(envs, name, value)
+        if name in present:
+            setattr(envs, name, value)
     for env, env_snapshot in zip(envs.envs, snapshot["envs"], strict=True):
         _env_restore(env, env_snapshot)
