@@ -674,7 +674,10 @@ class Trainer:
             metrics["train/final_distance"] = float(np.mean(w.distances))
 
         stop_reason = "budget" if c.env_steps >= spec.budget.env_steps else None
-        evaluated = c.env_steps >= c.next_eval or stop_reason is not None
+        # a Tune trial also evaluates when it checkpoints, so its first report already has eval metrics
+        checkpoint_due = c.env_steps >= c.next_checkpoint
+        reporting_checkpoint = checkpoint_due and stop_reason is None and self.reporter is not None
+        evaluated = c.env_steps >= c.next_eval or stop_reason is not None or reporting_checkpoint
         if evaluated:
             evaluation = self._evaluate()
             metrics.update(evaluation)
@@ -686,7 +689,7 @@ class Trainer:
         self.progress.update(c.env_steps, metrics)
         self.last_metrics = metrics
         checkpoint = None
-        if c.env_steps >= c.next_checkpoint and stop_reason is None:
+        if checkpoint_due and stop_reason is None:
             checkpoint = self.save_checkpoint(f"step_{c.env_steps:09d}")
             c.next_checkpoint += self._every_ckpt()
             self.progress.message(f"checkpoint: {self.last_checkpoint}")

@@ -57,8 +57,11 @@ def train_trial(config: dict[str, Any]) -> None:
         resume = load_checkpoint(checkpoint.to_directory())
         print(f"trial {context.get_trial_name()}: resuming from {resume['counters']['env_steps']:,} env steps")
 
+    latest: dict[str, float] = {}  # every metric's newest value: Tune wants the sweep metric in every result
+
     def report(metrics: dict[str, float], folder: Path | None) -> None:
-        result = {**metrics, "spec_hash": spec_hash(spec), "resumed": float(resume is not None)}
+        latest.update(metrics)
+        result = {**latest, "spec_hash": spec_hash(spec), "resumed": float(resume is not None)}
         tune.report(result, checkpoint=tune.Checkpoint.from_directory(folder) if folder else None)
 
     trainer = Trainer(
