@@ -38,12 +38,13 @@ def children(client: MlflowClient, parent_id: str) -> list:
 
 
 def kill_a_trial_once_two_trials_checkpointed(stop: threading.Event, killed: list[int]) -> None:
-    """Chaos for the sweep: once both running trials have written a checkpoint (and neither has
-    finished), SIGKILL one trial's own process (its driver; its actors die with it), as a crashed
-    machine would. (A trial whose learner dies recovers inside the trial: test_reliability.py.)"""
+    """Chaos for the sweep: once both running trials have written two checkpoints (so Tune has been
+    handed the first) and neither has finished, SIGKILL one trial's own process (its driver; its
+    actors die with it), as a crashed machine would. (A trial whose learner dies recovers inside
+    the trial: test_reliability.py.)"""
     while not stop.is_set():
         trials = [d for d in Path.cwd().glob("runs/sweep-*/*") if (d / "checkpoints").is_dir()]
-        running = [d for d in trials if any((d / "checkpoints").glob("step_*"))
+        running = [d for d in trials if len([c for c in (d / "checkpoints").glob("step_*") if "." not in c.name]) >= 2
                    and not (d / "checkpoints" / "final").exists()]
         if len(running) >= 2:
             for process in psutil.process_iter(["cmdline"]):
@@ -60,7 +61,8 @@ def test_sweep_grid_with_a_killed_trial(tmp_path: Path) -> None:
     completes; MLflow holds one parent with exactly four children, each with its own params."""
     sweep_file = write(tmp_path / "sweep.yaml", {
         "name": "utd_bee_tiny", "base": str(SPECS / "sac_bee.yaml"),
-        "set": {**TINY_SAC, "budget.env_steps": 1500, "checkpoint.every_env_steps": 500},
+        # the first checkpoint (400) comes before the first evaluation (500): its report still has the metric
+        "set": {**TINY_SAC, "budget.env_steps": 1500, "checkpoint.every_env_steps": 400},
         "search_space": {"algo.utd_ratio": {"grid": [1, 2]}, "algo.bee_lambda": {"grid": [0.25, 0.5]}},
         "metric": "eval/distance", "mode": "min", "max_concurrent_trials": 2, "max_failures": 1,
     })
