@@ -40,11 +40,13 @@ from typing import Any
 import numpy as np
 import psutil
 import ray
-from ray.util.state import list_actors, summarize_objects, summarize_tasks
+from ray.util.state import list_actors, summarize_objects
+from ray.util.state.api import StateApiClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import SPECS, command_line, machine_info, print_machine, print_table, write_json  # noqa: E402
 
+from aa_ray.runtime.cluster import TASK_EVENTS_KEPT  # noqa: E402
 from aa_ray.runtime.env_runner import env_dims  # noqa: E402
 from aa_ray.runtime.trainer import Trainer  # noqa: E402
 from aa_ray.spec.loader import load_spec  # noqa: E402
@@ -74,9 +76,19 @@ def object_store(address: str) -> dict[str, Any]:
         found = re.search(r"Plasma memory usage (\d+) MiB, (\d+) objects", memory_summary(address, stats_only=True))
         if found:
             store |= {"plasma_mb": int(found[1]), "plasma_objects": int(found[2])}
-    except Exception:  # noqa: BLE001 - best effort; the public numbers above are the result
+    except Exception:  # best effort; the public numbers above are the result
         pass
     return store
+
+
+def gcs_task_records(address: str) -> int | None:
+    """How many task records (Ray's task events) the GCS holds. The public `summarize_tasks` stops
+    counting at 10,000; the list endpoint's `total` does not (a private client method: best effort)."""
+    try:
+        reply = StateApiClient(address)._make_http_get_request("/api/v0/tasks", {"limit": 1, "detail": False}, 30)
+        return int(reply["total"])
+    except Exception:  # best effort, as above
+        return None
 
 
 def sample(address: str, trainer: Trainer | None, start: float) -> dict[str, Any]:
@@ -101,12 +113,12 @@ def sample(address: str, trainer: Trainer | None, start: float) -> dict[str, Any
 
 
 def sampler(
-    address: str, trainer: Trainer, start: float, interval: float, samples: list, stop: threading.Event
+    address: str, trainer: Trainer, start: float, interval: float, samples: list[dict], stop: threading.Event
 ) -> None:
     while not stop.wait(interval):
         try:
             samples.append(sample(address, trainer, start))
-        except Exception as err:  # noqa: BLE001 - a failed snapshot must not end the soak
+        except Exception as err:  # a failed snapshot must not end the soak
             print(f"# sample failed: {type(err).__name__}: {err}", flush=True)
 
 
@@ -116,8 +128,9 @@ def mean_at(sample: dict, names: list[str], key: str) -> float:
 
 def memory_rows(samples: list[dict], fill: int, ckpt: int, key: str) -> list[list[Any]]:
     """Per process kind, the mean over its processes: memory when the replay filled and at the end, the
-    growth between them and how much of it was the one step across the mid-run checkpoint (sample
-    `ckpt` is the last before it), the rest, the max, and the slope of a line fitted after it."""
+    growth between them and how much of it was the one step across the mid-run checkpoint (from
+    sample `ckpt`, the last before it, to two samples later, so the checkpoint has finished), the
+    rest, the max, and the slope of a line fitted from there to the end."""
     kinds: dict[str, list[str]] = {}
     for name in samples[-1]["procs"]:
         if name in samples[fill]["procs"]:  # alive from the fill to the end
@@ -164,7 +177,8 @@ def main() -> None:
     replay_mb = spec.algo.buffer_size * row_bytes / MB
     # started here, first, so the sampler can see it; Trainer.run's cluster.connect reuses it
     ray.init(address="local", num_cpus=8, include_dashboard=True,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}})
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}},
+             _system_config={"task_events_max_num_task_in_gcs": TASK_EVENTS_KEPT})  # as cluster.connect does
     address = ray.get_runtime_context().gcs_address
     job_id = ray.get_runtime_context().get_job_id()
     start = time.perf_counter()
@@ -182,7 +196,7 @@ def main() -> None:
     actor_jobs = {a.job_id for a in list_actors(address, raise_on_missing_output=False)}
     time.sleep(5)
     after_run = sample(address, trainer, start)
-    tasks = summarize_tasks(address=address, raise_on_missing_output=False)["cluster"]
+    records = gcs_task_records(address)  # once, at the end: listing them makes the GCS allocate
     task_cap = ray._config.task_events_max_num_task_in_gcs()  # Ray's bound on the task records the GCS keeps
     del trainer
     gc.collect()
@@ -198,11 +212,14 @@ def main() -> None:
           f"{actor_jobs == {job_id}}; Ray still up after the run: {reused}")
     print(f"replay arrays: {spec.algo.buffer_size:,} rows x {row_bytes} B = {replay_mb:.2f} MB; checkpoint "
           f"between {samples[ckpt]['env_steps']:,} and {samples[ckpt + 2]['env_steps']:,} env steps")
-    print(f"task records the GCS holds after the run: {tasks['total_tasks']:,} ({tasks['total_actor_tasks']:,} "
-          f"actor tasks; Ray keeps at most {task_cap:,})")
+    gcs = [v["rss_mb"] for s in (samples[0], samples[-1]) for k, v in s["procs"].items() if k.startswith("gcs_server")]
+    per_record = (gcs[1] - gcs[0]) * MB / records if records else float("nan")
+    print(f"task records the GCS holds after the run: {records} (Ray keeps at most {task_cap:,}); GCS RSS "
+          f"{gcs[0]:.0f} -> {gcs[1]:.0f} MB over the run, {per_record:,.0f} B per task record")
     results: dict[str, Any] = {"result": result, "wall_s": wall, "ray_reused": reused and actor_jobs == {job_id},
                                "replay_array_mb": replay_mb, "fill_sample": fill, "checkpoint_sample": ckpt,
-                               "gcs_tasks": tasks, "gcs_task_cap": task_cap}
+                               "gcs_task_records": records, "gcs_task_cap": task_cap,
+                               "gcs_bytes_per_task_record": per_record}
     headers = ["process", "at fill MB", "at end MB", "growth MB", "growth %", "of it at checkpoint MB",
                "rest MB", "max MB", "slope after checkpoint, MB/100k steps"]
     for key in ("rss_mb", "uss_mb"):
@@ -219,6 +236,7 @@ def main() -> None:
     results["object_store"] = rows
     write_json(args.json, {"machine": info, "command": command_line(), **results,
                            "samples": [before, *samples, after_run, after_del]})
+
 
 if __name__ == "__main__":
     main()

@@ -12,6 +12,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from aa_ray.spec.experiment import ExperimentSpec
 
+TASK_EVENTS_KEPT = 10_000
+
 
 class ResourceError(RuntimeError):
     """The cluster cannot hold the actors the spec asks for."""
@@ -38,6 +40,10 @@ def connect(spec: ExperimentSpec | None, cpus: float | None = None) -> bool:
         include_dashboard=False,
         runtime_env={"env_vars": env_vars},
         log_to_driver=True,
+        # The GCS keeps a record of every actor call (about 3 KB each, up to 100k by default): a long
+        # run's GCS grew by 36 MB per 100k env steps (benchmarks/RESULTS.md section 10). 10k
+        # records still cover the last minutes of a run for debugging.
+        _system_config={"task_events_max_num_task_in_gcs": TASK_EVENTS_KEPT},
     )
     return True
 
