@@ -85,14 +85,19 @@ def test_the_good_checkpoint_passes_and_its_replay_round_trips(good_checkpoint: 
     assert not list(good_checkpoint.parent.glob("*.partial"))  # written whole, then renamed into place
 
 
+def truncate(name: str, fraction: float):
+    """Damage: cut the checkpoint's file `name` to `fraction` of its length."""
+    def damage(folder: Path) -> None:
+        data = (folder / name).read_bytes()
+        (folder / name).write_bytes(data[: int(len(data) * fraction)])
+
+    return damage
+
+
 @FUZZ
 @given(fraction=st.floats(0.0, 0.999))
 def test_a_truncated_state_file_is_rejected_naming_it(good_checkpoint: Path, tmp_path: Path, fraction: float) -> None:
-    def truncate(folder: Path) -> None:
-        data = (folder / STATE_FILE).read_bytes()
-        (folder / STATE_FILE).write_bytes(data[: int(len(data) * fraction)])
-
-    folder = damaged_copy(good_checkpoint, tmp_path / "truncated", truncate)
+    folder = damaged_copy(good_checkpoint, tmp_path / "truncated", truncate(STATE_FILE, fraction))
     with pytest.raises(CheckpointError) as err:
         resume_check(folder)
     assert str(folder / STATE_FILE) in str(err.value)
@@ -121,11 +126,7 @@ def test_a_damaged_state_file_is_rejected_or_still_whole(
 @FUZZ
 @given(fraction=st.floats(0.0, 0.999))
 def test_a_truncated_replay_file_is_rejected_naming_it(good_checkpoint: Path, tmp_path: Path, fraction: float) -> None:
-    def truncate(folder: Path) -> None:
-        data = (folder / REPLAY_FILE).read_bytes()
-        (folder / REPLAY_FILE).write_bytes(data[: int(len(data) * fraction)])
-
-    folder = damaged_copy(good_checkpoint, tmp_path / "truncated", truncate)
+    folder = damaged_copy(good_checkpoint, tmp_path / "truncated", truncate(REPLAY_FILE, fraction))
     with pytest.raises(CheckpointError) as err:
         resume_check(folder)
     assert str(folder / REPLAY_FILE) in str(err.value) and "truncated or corrupt" in str(err.value)
