@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Imported here so `validate` and an invalid spec never start (or import) Ray or MLflow.
     from aa_ray.data.dataset import DatasetError
-    from aa_ray.runtime.checkpoint import CheckpointError, check_compatible, load_checkpoint
+    from aa_ray.runtime.checkpoint import CheckpointError, load_checkpoint
     from aa_ray.runtime.cluster import ResourceError, job_tracking_problem
     from aa_ray.runtime.trainer import Trainer, TrainingError
 
@@ -127,10 +127,9 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(problem)
 
     resume = None
-    if args.resume:
+    if args.resume:  # Trainer.run checks it against the spec (verify_resume) before Ray starts
         try:
             resume = load_checkpoint(args.resume)
-            check_compatible(spec, resume)
         except CheckpointError as err:
             return _fail(str(err))
     trainer = Trainer(spec, resume=resume, track=False if args.no_track else None, live=False if args.plain else None)

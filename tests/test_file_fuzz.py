@@ -94,13 +94,16 @@ def truncate(name: str, fraction: float):
     return damage
 
 
+@pytest.mark.parametrize(("name", "says"), [(STATE_FILE, ""), (REPLAY_FILE, "truncated or corrupt")])
 @FUZZ
 @given(fraction=st.floats(0.0, 0.999))
-def test_a_truncated_state_file_is_rejected_naming_it(good_checkpoint: Path, tmp_path: Path, fraction: float) -> None:
-    folder = damaged_copy(good_checkpoint, tmp_path / "truncated", truncate(STATE_FILE, fraction))
+def test_a_truncated_state_or_replay_file_is_rejected_naming_it(
+    good_checkpoint: Path, tmp_path: Path, name: str, says: str, fraction: float
+) -> None:
+    folder = damaged_copy(good_checkpoint, tmp_path / "truncated", truncate(name, fraction))
     with pytest.raises(CheckpointError) as err:
         resume_check(folder)
-    assert str(folder / STATE_FILE) in str(err.value)
+    assert str(folder / name) in str(err.value) and says in str(err.value)
 
 
 @FUZZ
@@ -121,15 +124,6 @@ def test_a_damaged_state_file_is_rejected_or_still_whole(
         resume_check(folder)
     except CheckpointError as err:
         assert str(folder) in str(err)
-
-
-@FUZZ
-@given(fraction=st.floats(0.0, 0.999))
-def test_a_truncated_replay_file_is_rejected_naming_it(good_checkpoint: Path, tmp_path: Path, fraction: float) -> None:
-    folder = damaged_copy(good_checkpoint, tmp_path / "truncated", truncate(REPLAY_FILE, fraction))
-    with pytest.raises(CheckpointError) as err:
-        resume_check(folder)
-    assert str(folder / REPLAY_FILE) in str(err.value) and "truncated or corrupt" in str(err.value)
 
 
 def test_foreign_env_wrong_version_and_wrong_shape_checkpoints_name_the_mismatch(

@@ -178,6 +178,7 @@ class Trainer:
         self.weights: tuple[Any, Any] | None = None  # refs of the newest published (policy state, version)
         self.runner_restarts = 0
         self.graph_restarts = 0  # the actor graph rebuilt after a learner or the replay actor died
+        self.graph_args: tuple[int, int, Path | None] = (0, 0, None)  # obs_dim, act_dim, prior data; set by run()
         self.replay_size = 0
         self.metrics = RunMetrics(run_tag(spec))  # Ray metrics from the driver (Grafana)
         self.video_unavailable = False  # set once rendering failed (eval.video)
