@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(err))
 
     if args.command == "validate":
-        from aa_ray.runtime.env_runner import env_dims
+        from aa_ray.envs import env_dims
 
         try:
             obs_dim, act_dim = env_dims(spec)
@@ -114,14 +114,15 @@ def main(argv: list[str] | None = None) -> int:
         print(spec_yaml(spec), end="")
         return 0
 
+    if args.command == "rollout":
+        return _rollout(spec, args)
     # Imported here so `validate` and an invalid spec never start (or import) Ray or MLflow.
     from aa_ray.data.dataset import DatasetError
     from aa_ray.runtime.checkpoint import CheckpointError, load_checkpoint
     from aa_ray.runtime.cluster import ResourceError, job_tracking_problem
-    from aa_ray.runtime.trainer import Trainer, TrainingError
+    from aa_ray.runtime.remote import TrainingError
+    from aa_ray.runtime.trainer import Trainer
 
-    if args.command == "rollout":
-        return _rollout(spec, args)
     problem = job_tracking_problem(spec.tracking.enabled and not args.no_track)
     if problem:
         return _fail(problem)
@@ -165,7 +166,7 @@ def _rollout(spec: ExperimentSpec, args: argparse.Namespace) -> int:
     from aa_ray.data.rollout import RolloutError, rollout
     from aa_ray.runtime.checkpoint import CheckpointError
     from aa_ray.runtime.cluster import ResourceError
-    from aa_ray.runtime.trainer import TrainingError
+    from aa_ray.runtime.remote import TrainingError
 
     try:
         summary = rollout(

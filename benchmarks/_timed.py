@@ -115,7 +115,7 @@ def trainer_overrides(budget: int, warm_up: int, train_every: int | None, output
         "algo.batch_size=256",
         "algo.utd_ratio=1",
         "algo.buffer_size=100000",
-        "algo.hidden_dims=[256, 256]",
+        "algo.actor_hidden_dims=[256, 256]", "algo.critic_hidden_dims=[256, 256]",
         f"eval.every_env_steps={100 * budget}",
         "eval.episodes=1",
         f"checkpoint.every_env_steps={100 * budget}",

@@ -52,7 +52,8 @@ from _common import (  # noqa: E402
 )
 from _timed import actor_niceness, learning_phase, run_timed, start_ray, trainer_overrides  # noqa: E402
 
-from aa_ray.runtime.env_runner import EnvRunner, env_dims  # noqa: E402
+from aa_ray.envs import env_dims  # noqa: E402
+from aa_ray.runtime.env_runner import EnvRunner  # noqa: E402
 from aa_ray.runtime.learner import Learner  # noqa: E402
 from aa_ray.runtime.replay import ReplayBuffer  # noqa: E402
 from aa_ray.spec.loader import load_spec  # noqa: E402

@@ -171,7 +171,8 @@ def random_replay(obs_dim: int, act_dim: int, seed: int = 0) -> ReplayBuffer:
 
 
 def make_contenders(obs_dim: int, act_dim: int, updates: int):
-    spec = load_spec(SPECS / "sac_pendulum.yaml", ["algo.batch_size=256", "algo.hidden_dims=[256, 256]"])
+    spec = load_spec(SPECS / "sac_pendulum.yaml", ["algo.batch_size=256", "algo.actor_hidden_dims=[256, 256]",
+        "algo.critic_hidden_dims=[256, 256]"])
     per_call = spec.algo.train_every * spec.algo.utd_ratio  # updates per Learner.update call
     calls = max(1, updates // per_call)
     n_updates = calls * per_call
@@ -203,8 +204,8 @@ def make_contenders(obs_dim: int, act_dim: int, updates: int):
     def ours_compute() -> float:
         start = time.perf_counter()
         for _ in range(calls):
-            for i, step in enumerate(fixed_steps):
-                learner.algo.update(step, diagnostics=i == len(fixed_steps) - 1)
+            for step in fixed_steps:
+                learner.algo.update(step)
         return n_updates / (time.perf_counter() - start)
 
     def reference_compute() -> float:

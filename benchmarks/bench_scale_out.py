@@ -111,7 +111,7 @@ def part_ddp(args) -> dict:
     remote = ray.remote(Learner).options(num_cpus=1)
     single = remote.remote(one, OBS_DIM, ACT_DIM)
     pair = [remote.remote(two, OBS_DIM, ACT_DIM, rank) for rank in range(2)]
-    address = ray.get(pair[0].rendezvous_address.remote())
+    address = ray.get(pair[0].rendezvous_address.remote(ray.util.get_node_ip_address()))
     ray.get([learner.join.remote(address) for learner in pair])
     local = ReplayBuffer(100_000, OBS_DIM, ACT_DIM, seed=0)
     local.add(random_transitions(50_000, OBS_DIM, ACT_DIM))

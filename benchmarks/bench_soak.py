@@ -46,8 +46,8 @@ from ray.util.state.api import StateApiClient
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import SPECS, command_line, machine_info, print_machine, print_table, write_json  # noqa: E402
 
+from aa_ray.envs import env_dims  # noqa: E402
 from aa_ray.runtime.cluster import TASK_EVENTS_KEPT  # noqa: E402
-from aa_ray.runtime.env_runner import env_dims  # noqa: E402
 from aa_ray.runtime.trainer import Trainer  # noqa: E402
 from aa_ray.spec.loader import load_spec  # noqa: E402
 

@@ -25,7 +25,8 @@ from _common import SPECS, machine_info, print_machine, print_table  # noqa: E40
 from _timed import trainer_overrides  # noqa: E402
 
 from aa_ray.algos.common import Batch  # noqa: E402
-from aa_ray.runtime.env_runner import EnvRunner, env_dims  # noqa: E402
+from aa_ray.envs import env_dims  # noqa: E402
+from aa_ray.runtime.env_runner import EnvRunner  # noqa: E402
 from aa_ray.runtime.learner import Learner  # noqa: E402
 from aa_ray.runtime.replay import ReplayBuffer  # noqa: E402
 from aa_ray.spec.loader import load_spec  # noqa: E402

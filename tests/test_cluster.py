@@ -71,7 +71,8 @@ def test_job_submit_runs_on_two_nodes_and_records_in_mlflow(two_nodes: dict, tmp
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     job = submit(
         two_nodes, ROOT, "aa-ray", "run", "specs/sac_pendulum.yaml", "--plain", "--set", "runners.num_runners=2",
-        "--set", "budget.env_steps=1200", "--set", "algo.hidden_dims=[32,32]", "--set", "eval.episodes=2",
+        "--set", "budget.env_steps=1200", "--set", "algo.actor_hidden_dims=[32,32]",
+        "--set", "algo.critic_hidden_dims=[32,32]", "--set", "eval.episodes=2",
         env_vars={"MLFLOW_TRACKING_URI": store},
     )
     assert job.returncode == 0 and "succeeded" in job.stdout + job.stderr, (job.stdout + job.stderr)[-4000:]

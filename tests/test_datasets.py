@@ -18,6 +18,7 @@ import torch
 from aa_ray import cli
 from aa_ray.data import dataset as ds
 from aa_ray.data.dataset import DatasetError, DatasetMeta, read_dataset, write_dataset
+from aa_ray.data.rollout import policy_from_checkpoint
 from aa_ray.runtime.checkpoint import save_checkpoint
 from aa_ray.runtime.env_runner import EnvRunner
 from aa_ray.runtime.learner import Learner
@@ -288,6 +289,21 @@ def test_rollout_errors_are_explained_before_ray_starts(tmp_path: Path, capsys) 
     assert not ray.is_initialized() and not Path(out).exists()
 
 
+def test_a_checkpoint_whose_algo_does_not_fit_the_rollout_spec_is_refused(tmp_path: Path, capsys) -> None:
+    """The spec to roll out with takes the checkpoint's algo and is validated whole: a PPO policy
+    cannot be rolled out with an async-mode spec (async needs an off-policy algorithm)."""
+    ppo = load_spec(SPECS / "ppo.yaml")
+    save_checkpoint(tmp_path / "ckpt", ppo, {"learner": Learner(ppo, 10, 2).state_dict()})
+    out = tmp_path / "d.parquet"
+    code = cli.main(["rollout", str(SPECS / "sac.yaml"), "--set", "runtime.mode=async", "--episodes", "2",
+                     "--out", str(out), "--checkpoint", str(tmp_path / "ckpt")])
+    err = capsys.readouterr().err
+    assert code == 2 and "with the algo of checkpoint" in err and "runtime.mode async needs an off-policy" in err
+    assert not ray.is_initialized() and not out.exists()
+    rolled, _ = policy_from_checkpoint(load_spec(SPECS / "sac.yaml"), tmp_path / "ckpt")  # sync: it fits
+    assert rolled.algo.name == "ppo" and rolled.on_policy
+
+
 # ---- EnvRunner.rollout, in-process ---------------------------------------------------------------
 
 
@@ -314,7 +330,8 @@ def test_env_runner_rollout_returns_whole_numbered_episodes_and_carries_the_rest
     raw = {
         "name": "counting",
         "env": {"id": "aa_ray_tests/DatasetCounting-v0"},
-        "algo": {"name": "sac", "warm_up_steps": 10, "batch_size": 8, "buffer_size": 100, "hidden_dims": [8]},
+        "algo": {"name": "sac", "warm_up_steps": 10, "batch_size": 8, "buffer_size": 100, "actor_hidden_dims": [8],
+        "critic_hidden_dims": [8]},
         "budget": {"env_steps": 1000},
         "runners": {"envs_per_runner": 2},
     }

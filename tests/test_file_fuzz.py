@@ -33,7 +33,8 @@ from aa_ray.runtime.replay import ReplayBuffer
 from aa_ray.spec.loader import load_spec
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
-SMALL = ["algo.hidden_dims=[32,32]", "runners.envs_per_runner=2", "tracking.enabled=false"]
+SMALL = ["algo.actor_hidden_dims=[32,32]",
+    "algo.critic_hidden_dims=[32,32]", "runners.envs_per_runner=2", "tracking.enabled=false"]
 SPEC = load_spec(SPECS / "sac.yaml", SMALL)
 OBS_DIM, ACT_DIM = 10, 2
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True,
@@ -137,7 +138,8 @@ def test_foreign_env_wrong_version_and_wrong_shape_checkpoints_name_the_mismatch
         payload = torch.load(folder / STATE_FILE, weights_only=True)
         torch.save({**payload, "format_version": 99}, folder / STATE_FILE)
 
-    wider = load_spec(SPECS / "sac.yaml", ["algo.hidden_dims=[64,64]", *SMALL[1:]])
+    wider = load_spec(SPECS / "sac.yaml", ["algo.actor_hidden_dims=[64,64]",
+        "algo.critic_hidden_dims=[64,64]", *SMALL[1:]])
     wide_state, _ = checkpoint_state(wider)  # tensors for 64-unit layers under a spec that says 32
     shapes = save_checkpoint(tmp_path / "shapes", SPEC, wide_state)
 

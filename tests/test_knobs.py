@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from aa_ray.algos.common import Batch
-from aa_ray.algos.knobs import GradientStep, RewardNormalizer, expectile_loss, prior_q_gap, prior_rows, td_loss
+from aa_ray.algos.knobs import GradientStep, RewardNormalizer, prior_rows, scheduled_lr
+from aa_ray.algos.losses import bee_target, expectile_loss, rlpd_diagnostics, td_loss
 from aa_ray.algos.sac import SAC, SACConfig
 from aa_ray.spec.loader import SpecError, validate_spec
 
@@ -44,13 +45,17 @@ def test_expectile_loss_by_hand() -> None:
 def test_bee_target_with_lambda_one_is_r_plus_discounted_v() -> None:
     """lambda = 1: the target is the exploitation target r + gamma^k V(s') alone."""
     torch.manual_seed(0)
-    algo = SAC(SACConfig(learn_v=True, bee_lambda=1.0, hidden_dims=[16]), 3, 1, torch.device("cpu"))
+    algo = SAC(SACConfig(learn_v=True, bee_lambda=1.0, actor_hidden_dims=[16],
+        critic_hidden_dims=[16]), 3, 1, torch.device("cpu"))
     b = one_batch()
-    info = algo.update_critic(b, diagnostics=True)
+    info = algo.update(Batch(*(t.unsqueeze(0) for t in b)))  # the critic step, then the actor (V untouched)
     with torch.no_grad():
         expected = (b.reward + 0.9 * algo.value(b.next_obs)).mean().item()  # V after its own step
-    assert info["critic/td_target"] == pytest.approx(expected, rel=1e-5)
+    assert float(info["critic/td_target"]) == pytest.approx(expected, rel=1e-5)
     assert "critic/q_upper" in info and "critic/v_loss" in info
+    # and the mix itself: lambda weighs r + bootstrap V(s') against the soft target
+    soft, reward, bootstrap, v = torch.tensor([1.0]), torch.tensor([0.5]), torch.tensor([0.9]), torch.tensor([2.0])
+    assert bee_target(soft, reward, bootstrap, v, 0.25).item() == pytest.approx(0.25 * (0.5 + 0.9 * 2.0) + 0.75 * 1.0)
 
 
 def test_bee_needs_learn_v_and_says_so() -> None:
@@ -73,22 +78,34 @@ def test_reward_normalizer_statistics() -> None:
             norm.merge(len(chunk), chunk.mean(), chunk.var(), np.abs(chunk).max())
     everything = np.concatenate(chunks)
     assert float(plain.var) == pytest.approx(everything.var(), rel=1e-9)
-    assert plain.scale() == pytest.approx(1 / np.sqrt(everything.var() + 1e-8), rel=1e-6)
+    assert float(plain.scale()) == pytest.approx(1 / np.sqrt(everything.var() + 1e-8), rel=1e-6)
     # SimbaV2's scale also keeps the largest |return| inside the support of half-width v_max
-    assert simba.scale() == pytest.approx(1 / max(everything.std(), np.abs(everything).max() / 5.0), rel=1e-6)
-    assert RewardNormalizer(False).scale() == 1.0
+    assert float(simba.scale()) == pytest.approx(1 / max(everything.std(), np.abs(everything).max() / 5.0), rel=1e-6)
+    assert float(RewardNormalizer(False).scale()) == 1.0
+    assert float(RewardNormalizer(True).scale()) == 1.0  # no statistics yet
 
 
 def test_gradient_clipping_bounds_the_applied_step() -> None:
+    """SGD with lr 1 moves the parameters by exactly the clipped gradient: its global norm (weight
+    and bias together) is the clip, and both parts moved."""
     layer = torch.nn.Linear(4, 1)
-    before = layer.weight.detach().clone()
+    weight_before, bias_before = layer.weight.detach().clone(), layer.bias.detach().clone()
     step = GradientStep(
         torch.optim.SGD(layer.parameters(), lr=1.0), max_grad_norm=0.1, precision="fp32", device=torch.device("cpu")
     )
-    norm = step((layer(torch.full((1, 4), 100.0)) ** 2).sum(), measure=True)
-    assert norm > 0.1  # the reported norm is the one before clipping
-    moved = torch.cat([(layer.weight - before).flatten(), layer.bias.grad.flatten() * 0])
-    assert torch.linalg.vector_norm(moved) <= 0.1 + 1e-6
+    norm = step((layer(torch.full((1, 4), 100.0)) ** 2).sum())
+    assert float(norm) > 10.0  # the reported norm is the one before clipping
+    weight_moved, bias_moved = layer.weight - weight_before, layer.bias - bias_before
+    assert bias_moved.abs().sum() > 0 and weight_moved.abs().sum() > 0
+    moved = torch.cat([weight_moved.flatten(), bias_moved.flatten()])
+    assert torch.linalg.vector_norm(moved).item() == pytest.approx(0.1, rel=1e-4)
+
+
+def test_learning_rate_schedule_is_linear_then_flat() -> None:
+    assert scheduled_lr(1e-4, 0.5, 0, 100) == pytest.approx(1e-4)
+    assert scheduled_lr(1e-4, 0.5, 50, 100) == pytest.approx(7.5e-5)
+    assert scheduled_lr(1e-4, 0.5, 100, 100) == scheduled_lr(1e-4, 0.5, 1000, 100) == pytest.approx(5e-5)
+    assert scheduled_lr(3e-4, 1.0, 70, 100) == pytest.approx(3e-4)  # 1.0 keeps it constant
 
 
 def test_huber_td_loss_matches_torch_per_critic() -> None:
@@ -102,20 +119,20 @@ def test_huber_td_loss_matches_torch_per_critic() -> None:
 @pytest.mark.parametrize(("precision", "optimizer"), [("bf16", "adam"), ("fp16", "adam"), ("fp32", "muon")])
 def test_precision_and_optimizer_variants_train(precision: str, optimizer: str) -> None:
     torch.manual_seed(0)
-    cfg = SACConfig(hidden_dims=[32, 32], precision=precision, optimizer=optimizer, max_grad_norm=10.0)
+    cfg = SACConfig(actor_hidden_dims=[32, 32],
+        critic_hidden_dims=[32, 32], precision=precision, optimizer=optimizer, max_grad_norm=10.0)
     algo = SAC(cfg, 3, 1, torch.device("cpu"))
     stacked = Batch(*(t.unsqueeze(0) for t in one_batch()))
-    losses = [algo.update(stacked, diagnostics=True)["critic/q_loss"] for _ in range(30)]
+    losses = [float(algo.update(stacked)["critic/q_loss"]) for _ in range(30)]
     assert all(np.isfinite(losses))
     assert losses[-1] < losses[0]
 
 
 def test_prior_rows_and_q_gap() -> None:
     assert prior_rows(256, 0.5) == 128 and prior_rows(8, 0.25) == 2
-    cfg = SACConfig(prior_data="x.parquet", prior_data_ratio=0.5)
-    gap = prior_q_gap(torch.tensor([[3.0, 3.0, 1.0, 1.0]]), cfg)
-    assert gap["critic/prior_online_q_gap"] == pytest.approx(2.0)
-    assert prior_q_gap(torch.zeros(1, 4), SACConfig()) == {}
+    gap = rlpd_diagnostics(torch.tensor([[3.0, 3.0, 1.0, 1.0]]), "x.parquet", 0.5)
+    assert float(gap["critic/prior_online_q_gap"]) == pytest.approx(2.0)
+    assert rlpd_diagnostics(torch.zeros(1, 4), None, 0.5) == {}
 
 
 def test_simba_networks_train_under_bf16_autocast() -> None:
@@ -125,5 +142,5 @@ def test_simba_networks_train_under_bf16_autocast() -> None:
     algo = SACSimba(
         SACSimbaConfig(precision="bf16", critic_hidden_dim=32, actor_hidden_dim=16), 3, 1, torch.device("cpu")
     )
-    info = algo.update(Batch(*(t.unsqueeze(0) for t in one_batch())), diagnostics=True)
-    assert np.isfinite(info["critic/q_loss"]) and np.isfinite(info["actor/loss"])
+    info = algo.update(Batch(*(t.unsqueeze(0) for t in one_batch())))
+    assert np.isfinite(float(info["critic/q_loss"])) and np.isfinite(float(info["actor/loss"]))

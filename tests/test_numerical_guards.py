@@ -36,7 +36,8 @@ def critic_vector(learner: Learner) -> torch.Tensor:
 
 
 def test_a_poisoned_batch_skips_the_critic_steps_and_leaves_the_weights_finite() -> None:
-    spec = load_spec(SPECS / "sac_pendulum.yaml", ["algo.hidden_dims=[16]", "algo.train_every=2", "algo.batch_size=32"])
+    spec = load_spec(SPECS / "sac_pendulum.yaml", ["algo.actor_hidden_dims=[16]",
+        "algo.critic_hidden_dims=[16]", "algo.train_every=2", "algo.batch_size=32"])
     learner = Learner(spec, obs_dim=3, act_dim=1)
     rng = np.random.default_rng(0)
     before = critic_vector(learner)
@@ -57,7 +58,8 @@ def test_a_run_that_only_produces_nan_stops_cleanly(tmp_path: Path) -> None:
         [sys.executable, "-m", "aa_ray.cli", "run", str(SPECS / "sac_pendulum.yaml"), "--no-track", "--plain",
          "--set", "env.kwargs={g: .nan}", "--set", "algo.warm_up_steps=200", "--set", "budget.env_steps=3000",
          "--set", "checkpoint.every_env_steps=100", "--set", "runtime.max_consecutive_skips=150",
-         "--set", "algo.hidden_dims=[32,32]", "--set", "eval.every_env_steps=1000", "--set", "eval.episodes=2"],
+         "--set", "algo.actor_hidden_dims=[32,32]",
+         "--set", "algo.critic_hidden_dims=[32,32]", "--set", "eval.every_env_steps=1000", "--set", "eval.episodes=2"],
         capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )
     assert run.returncode == 1, (run.stdout + run.stderr)[-3000:]

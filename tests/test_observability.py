@@ -65,7 +65,8 @@ def test_a_short_run_exposes_every_metric_on_rays_endpoint() -> None:
     on a known port; while it trains, the endpoint shows every aa-ray metric tagged with the run."""
     spec = load_spec(ROOT / "specs" / "sac.yaml", [
         "tracking.enabled=false", "checkpoint.save_replay=false", "runtime.mode=async", "budget.env_steps=4000",
-        "algo.hidden_dims=[32,32]", "algo.batch_size=64", "algo.warm_up_steps=300", "eval.every_env_steps=500",
+        "algo.actor_hidden_dims=[32,32]",
+        "algo.critic_hidden_dims=[32,32]", "algo.batch_size=64", "algo.warm_up_steps=300", "eval.every_env_steps=500",
         "eval.episodes=2",
     ])
     port = free_port()
@@ -107,7 +108,7 @@ def test_report_draws_the_stored_curves(tmp_path: Path) -> None:
             spec = load_spec(ROOT / "specs" / "sac_pendulum.yaml", [
                 f"seed={seed}", "budget.env_steps=800", "algo.warm_up_steps=200", "eval.every_env_steps=200",
                 "eval.episodes=2",
-                "algo.hidden_dims=[32,32]", "checkpoint.save_replay=false",
+                "algo.actor_hidden_dims=[32,32]", "algo.critic_hidden_dims=[32,32]", "checkpoint.save_replay=false",
             ])
             Trainer(spec, live=False, context=RunContext(parent_run_id=parent.run_id)).run()
     finally:
@@ -144,7 +145,8 @@ def test_eval_video_is_logged_to_mlflow() -> None:
 
     spec = load_spec(ROOT / "specs" / "sac.yaml", [
         "eval.video=true", "eval.video_max_frames=8", "budget.env_steps=600", "algo.warm_up_steps=300",
-        "eval.every_env_steps=300", "eval.episodes=2", "algo.hidden_dims=[32,32]", "checkpoint.save_replay=false",
+        "eval.every_env_steps=300", "eval.episodes=2", "algo.actor_hidden_dims=[32,32]",
+        "algo.critic_hidden_dims=[32,32]", "checkpoint.save_replay=false",
     ])
     result = Trainer(spec, live=False).run()
     client = MlflowClient()
@@ -161,7 +163,8 @@ def test_without_a_gl_backend_videos_are_skipped_with_a_warning(tmp_path: Path) 
     run = subprocess.run(
         [sys.executable, "-m", "aa_ray.cli", "run", str(ROOT / "specs" / "sac.yaml"), "--no-track", "--plain",
          "--set", "eval.video=true", "--set", "budget.env_steps=400", "--set", "algo.warm_up_steps=200",
-         "--set", "eval.every_env_steps=200", "--set", "eval.episodes=2", "--set", "algo.hidden_dims=[32,32]"],
+         "--set", "eval.every_env_steps=200", "--set", "eval.episodes=2", "--set", "algo.actor_hidden_dims=[32,32]",
+         "--set", "algo.critic_hidden_dims=[32,32]"],
         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
     )
     output = " ".join((run.stdout + run.stderr).split())  # the progress display wraps long lines

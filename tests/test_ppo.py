@@ -16,7 +16,8 @@ from aa_ray.runtime.learner import Learner
 from aa_ray.spec.loader import SpecError, load_spec
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
-SMALL = ["tracking.enabled=false", "algo.hidden_dims=[32,32]", "algo.train_every=16", "algo.num_minibatches=4"]
+SMALL = ["tracking.enabled=false", "algo.actor_hidden_dims=[32,32]",
+    "algo.critic_hidden_dims=[32,32]", "algo.train_every=16", "algo.num_minibatches=4"]
 
 
 def ppo_spec(*overrides: str):
@@ -55,7 +56,8 @@ def test_adaptive_lr_moves_against_the_kl() -> None:
     assert adapt_lr(1e-3, kl=0.001, desired_kl=0.01, bounds=bounds) == pytest.approx(1.5e-3)
     assert adapt_lr(1e-3, kl=0.01, desired_kl=0.01, bounds=bounds) == 1e-3
     assert adapt_lr(1e-2, kl=0.0, desired_kl=0.01, bounds=bounds) == 1e-2  # capped
-    assert explained_variance(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.0, 2.0, 3.0])) == pytest.approx(1.0)
+    assert float(explained_variance(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.0, 2.0, 3.0]))) == pytest.approx(1.0)
+    assert np.isnan(float(explained_variance(torch.tensor([1.0, 2.0]), torch.tensor([5.0, 5.0]))))
 
 
 @pytest.fixture(scope="module")
@@ -95,9 +97,9 @@ def test_update_adapts_the_lr_toward_the_kl_target(rollout: tuple[dict, dict, En
         torch.manual_seed(0)
         algo = PPO(ppo_spec(f"algo.desired_kl={desired_kl}").algo, 10, 2, torch.device("cpu"))
         info = algo.update(Rollout.from_numpy(data, torch.device("cpu")))
-        lrs[desired_kl] = info["actor/lr"]
+        lrs[desired_kl] = float(info["actor/lr"])
         assert algo.optimizer.param_groups[1]["lr"] == pytest.approx(1e-3)
-        assert np.isfinite(info["actor/approx_kl"]) and info["actor/approx_kl"] >= 0
+        assert np.isfinite(float(info["actor/approx_kl"])) and float(info["actor/approx_kl"]) >= 0
     assert lrs[1e-7] < 1e-3 < lrs[10.0]
 
 
@@ -117,7 +119,7 @@ def test_two_gloo_ppo_learners_stay_identical(rollout: tuple[dict, dict, EnvRunn
     try:
         remote = ray.remote(Learner).options(num_cpus=1)
         ranks = [remote.remote(two, 10, 2, rank) for rank in range(2)]
-        address = ray.get(ranks[0].rendezvous_address.remote())
+        address = ray.get(ranks[0].rendezvous_address.remote(ray.util.get_node_ip_address()))
         ray.get([learner.join.remote(address) for learner in ranks])
         before = ray.get(ranks[0].parameters_vector.remote())
         for _ in range(3):

@@ -110,12 +110,12 @@ def test_resume_with_a_different_algo_is_refused(short_run: dict) -> None:
         "run",
         str(SPECS / "sac_pendulum.yaml"),
         "--set",
-        "algo.hidden_dims=[64]",
+        "algo.critic_hidden_dims=[64]",
         "--resume",
         str(short_run["run_dir"] / "checkpoints" / "final"),
     )
     assert result.returncode == 2
-    assert "algo.hidden_dims" in result.stderr and "Traceback" not in result.stderr
+    assert "algo.critic_hidden_dims" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_asking_for_a_gpu_the_cluster_lacks_fails_fast_naming_it() -> None:

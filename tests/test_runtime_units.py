@@ -42,7 +42,10 @@ gym.register("aa_ray_tests/Counting-v0", entry_point=CountingEnv, max_episode_st
 
 
 def counting_spec(terminate_at: int, algo: str = "sac", **extra: str):
-    nets = {"hidden_dims": [16]} if algo == "sac" else {"critic_hidden_dim": 32, "actor_hidden_dim": 16}
+    nets = (
+        {"actor_hidden_dims": [16], "critic_hidden_dims": [16]} if algo == "sac"
+        else {"critic_hidden_dim": 32, "actor_hidden_dim": 16}
+    )
     raw = {
         "name": "counting",
         "env": {"id": "aa_ray_tests/Counting-v0", "kwargs": {"terminate_at": terminate_at}},
@@ -91,24 +94,55 @@ def test_n_step_windows_stop_at_a_terminal() -> None:
     assert t["terminated"].tolist() == [0, 1, 1, 1]
 
 
-def test_only_a_terminal_masks_the_bootstrap() -> None:
-    """SAC's TD target: r for a terminal transition, r + gamma * soft V(s') for a truncated one."""
-    learner = Learner(counting_spec(terminate_at=3), obs_dim=1, act_dim=1)
-    one = {
+def one_transition(terminated: float, truncated: float, discount: float) -> dict[str, np.ndarray]:
+    """A learner's sample of one fleet step (utd 1) holding one transition, shapes (1, 1, ...)."""
+    return {
         "obs": np.zeros((1, 1, 1), np.float32),
         "action": np.zeros((1, 1, 1), np.float32),
         "reward": np.full((1, 1), 0.5, np.float32),
         "next_obs": np.ones((1, 1, 1), np.float32),
-        "terminated": np.ones((1, 1), np.float32),
-        "truncated": np.zeros((1, 1), np.float32),
-        "discount": np.full((1, 1), 0.99, np.float32),
+        "terminated": np.full((1, 1), terminated, np.float32),
+        "truncated": np.full((1, 1), truncated, np.float32),
+        "discount": np.full((1, 1), discount, np.float32),
     }
-    algo = learner.algo
-    terminal = algo.update_critic(Batch.from_numpy(one, learner.device).at(0), diagnostics=True)
-    assert terminal["critic/td_target"] == pytest.approx(0.5)
-    truncated = {**one, "terminated": np.zeros((1, 1), np.float32), "truncated": np.ones((1, 1), np.float32)}
-    bootstrapped = algo.update_critic(Batch.from_numpy(truncated, learner.device).at(0), diagnostics=True)
-    assert abs(bootstrapped["critic/td_target"] - 0.5) > 1e-4
+
+
+def td_target(sample: dict[str, np.ndarray]) -> float:
+    """SAC's TD target for `sample`, from a fresh learner: every call builds the same networks
+    (the learner seeds torch from the spec's seed) and draws the same a' ~ pi(.|s')."""
+    learner = Learner(counting_spec(terminate_at=3), obs_dim=1, act_dim=1)
+    return learner.update(sample, [])["critic/td_target"]
+
+
+def test_only_a_terminal_masks_the_bootstrap() -> None:
+    """target = r + discount * (1 - terminated) * soft V(s'): r for a terminal transition; for a
+    time-limit truncation exactly the target of the same transition had the episode gone on."""
+    reward = 0.5
+    terminal = td_target(one_transition(terminated=1, truncated=0, discount=0.99))
+    running = td_target(one_transition(terminated=0, truncated=0, discount=0.99))
+    truncated = td_target(one_transition(terminated=0, truncated=1, discount=0.99))
+    truncated_short = td_target(one_transition(terminated=0, truncated=1, discount=0.5))
+    assert terminal == pytest.approx(reward, abs=1e-6)
+    soft_value = (running - reward) / 0.99  # V(s') of these networks and this a'
+    assert abs(soft_value) > 1e-3  # so a masked bootstrap could not pass for an unmasked one
+    assert truncated == running
+    assert truncated_short == pytest.approx(reward + 0.5 * soft_value, rel=1e-5)
+
+
+def test_a_batch_carries_what_the_bootstrap_reads_exactly() -> None:
+    """The learner's Batch keeps `terminated` and the k-step `discount` bit for bit; `truncated`
+    has no field because no algorithm may read it (a time limit never masks the bootstrap)."""
+    terminated = np.array([[1, 0, 0, 1]], np.float32)
+    discount = (0.97 ** np.arange(1, 5)).astype(np.float32)[None]  # k-step discounts, k = 1..4
+    rows = {
+        "obs": np.zeros((1, 4, 1), np.float32), "action": np.zeros((1, 4, 1), np.float32),
+        "reward": np.zeros((1, 4), np.float32), "next_obs": np.zeros((1, 4, 1), np.float32),
+        "terminated": terminated, "truncated": 1 - terminated, "discount": discount,
+    }
+    batch = Batch.from_numpy(rows, torch.device("cpu"))
+    assert torch.equal(batch.terminated, torch.from_numpy(terminated))
+    assert torch.equal(batch.discount, torch.from_numpy(discount))
+    assert "truncated" not in Batch._fields
 
 
 def make_chunk(start: int, n: int) -> dict[str, np.ndarray]:
@@ -197,8 +231,8 @@ def test_corrupt_and_incompatible_checkpoints_are_explained(tmp_path: Path) -> N
     with pytest.raises(CheckpointError, match="not found"):
         load_checkpoint(tmp_path / "missing")
     save_checkpoint(tmp_path / "ok", spec, {})
-    other = counting_spec(3, **{"algo.hidden_dims": "[32]"})
-    with pytest.raises(CheckpointError, match=r"algo.hidden_dims: checkpoint has \[16\], spec has \[32\]"):
+    other = counting_spec(3, **{"algo.critic_hidden_dims": "[32]"})
+    with pytest.raises(CheckpointError, match=r"algo.critic_hidden_dims: checkpoint has \[16\], spec has \[32\]"):
         check_compatible(other, load_checkpoint(tmp_path / "ok"))
     # a budget change is a legitimate resume
     check_compatible(counting_spec(3, **{"budget.env_steps": 5000}), load_checkpoint(tmp_path / "ok"))

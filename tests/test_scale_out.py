@@ -20,7 +20,8 @@ from aa_ray.runtime.trainer import Trainer
 from aa_ray.spec.loader import load_spec
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
-SMALL_SAC = ["algo.hidden_dims=[32,32]", "algo.batch_size=64", "algo.warm_up_steps=200", "algo.train_every=5"]
+SMALL_SAC = ["algo.actor_hidden_dims=[32,32]",
+    "algo.critic_hidden_dims=[32,32]", "algo.batch_size=64", "algo.warm_up_steps=200", "algo.train_every=5"]
 
 
 def spec(*overrides: str, file: str = "sac.yaml"):
@@ -46,7 +47,7 @@ def fixed_batches(rng: np.random.Generator, num_batches: int, batch_size: int, o
     }
 
 
-MLP = ["algo.hidden_dims=[32,32]"]
+MLP = ["algo.actor_hidden_dims=[32,32]", "algo.critic_hidden_dims=[32,32]"]
 SIMBA = ["algo.critic_hidden_dim=32", "algo.actor_hidden_dim=16"]
 SMALL_NETS = {  # spec file -> smaller networks, same algorithm (BEE's V, C51, SimbaV2's projections)
     "sac.yaml": MLP, "sac_bee.yaml": MLP, "sac_dist.yaml": [*MLP, "algo.num_atoms=21"], "td3.yaml": MLP,
@@ -67,7 +68,7 @@ def test_two_gloo_learners_stay_identical_and_match_one_learner(local_ray: None,
     single = Learner(one, obs_dim, act_dim)
     remote = ray.remote(Learner).options(num_cpus=1)
     ranks = [remote.remote(two, obs_dim, act_dim, rank) for rank in range(2)]
-    address = ray.get(ranks[0].rendezvous_address.remote())
+    address = ray.get(ranks[0].rendezvous_address.remote(ray.util.get_node_ip_address()))
     ray.get([learner.join.remote(address) for learner in ranks])
 
     rng = np.random.default_rng(0)

@@ -51,7 +51,11 @@ BAD_FILES = [
     (MINIMAL + "learners: {num_learners: 3}\n", "algo.batch_size (256) must be divisible by learners.num_learners (3)"),
     (MINIMAL + "learners: {backend: nccl}\n", "backend nccl needs GPUs"),
     (MINIMAL + "runtime: {mode: turbo}\n", "runtime.mode"),
-    (MINIMAL.replace("name: sac,", "name: sac_simba, learning_rate_end: 1.0,"), "learning_rate_end"),
+    (MINIMAL.replace("name: sac,", "name: sac_simba, lr_end_fraction: 1.5,"), "algo.lr_end_fraction"),
+    # a knob renamed by the redesign says what it is called now
+    (MINIMAL.replace("name: sac,", "name: sac, hidden_dims: [64],"),
+     "algo.hidden_dims: unknown key: it was renamed, write actor_hidden_dims and critic_hidden_dims instead"),
+    (MINIMAL.replace("name: sac,", "name: sac_simba, learning_rate: 0.001,"), "write actor_lr, critic_lr and alpha_lr"),
 ]
 
 
@@ -67,7 +71,7 @@ BAD_OVERRIDES = [
     (["algo.utd_ratio=-1"], "algo.utd_ratio"),
     (["algo.utd_ratio=fast"], "algo.utd_ratio"),
     (["algo.batch_size=0"], "algo.batch_size"),
-    (["algo.hidden_dims=[]"], "algo.hidden_dims"),
+    (["algo.critic_hidden_dims=[]"], "algo.critic_hidden_dims"),
     (["algo.gamma=1.5"], "algo.gamma"),
     (["env.idd=Pendulum-v1"], "env.idd: unknown key"),
     (["seed=-3"], "seed"),
@@ -86,10 +90,11 @@ def test_bad_overrides_name_the_field(tmp_path: Path, overrides: list[str], expe
 
 def test_overrides_are_typed_like_the_file(tmp_path: Path) -> None:
     spec = load_spec(
-        write(tmp_path, MINIMAL), ["algo.utd_ratio=4", "algo.hidden_dims=[64, 64]", "tracking.enabled=false"]
+        write(tmp_path, MINIMAL), ["algo.utd_ratio=4", "algo.actor_hidden_dims=[64, 64]",
+            "algo.critic_hidden_dims=[64, 64]", "tracking.enabled=false"]
     )
     assert spec.algo.utd_ratio == 4
-    assert spec.algo.hidden_dims == [64, 64]
+    assert spec.algo.actor_hidden_dims == spec.algo.critic_hidden_dims == [64, 64]
     assert spec.tracking.enabled is False
 
 

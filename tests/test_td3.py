@@ -22,7 +22,7 @@ OBS_DIM, ACT_DIM = 3, 2
 
 def small_td3(**knobs) -> TD3:
     torch.manual_seed(0)
-    cfg = TD3Config(hidden_dims=[16], batch_size=8, **knobs)
+    cfg = TD3Config(actor_hidden_dims=[16], critic_hidden_dims=[16], batch_size=8, **knobs)
     return TD3(cfg, OBS_DIM, ACT_DIM, torch.device("cpu"))
 
 
@@ -65,9 +65,9 @@ def test_bootstrap_is_masked_only_by_a_terminal_and_uses_the_smaller_target_crit
         next_action = torch.tanh(algo.actor_target(b.next_obs))
         min_q = algo.critic_target(b.next_obs, next_action).min(dim=0).values
     expected = (b.reward + 0.99 * min_q).mean().item()
-    assert algo.update_critic(b, diagnostics=True)["critic/td_target"] == pytest.approx(expected, rel=1e-5)
+    assert float(algo.critic_update(b)["critic/td_target"]) == pytest.approx(expected, rel=1e-5)
     terminal = Batch(b.obs, b.action, b.reward, b.next_obs, torch.ones_like(b.terminated), b.discount)
-    assert algo.update_critic(terminal, diagnostics=True)["critic/td_target"] == pytest.approx(b.reward.mean().item())
+    assert float(algo.critic_update(terminal)["critic/td_target"]) == pytest.approx(b.reward.mean().item())
 
 
 def test_actor_and_targets_update_only_every_policy_delay_critic_steps() -> None:
@@ -104,18 +104,19 @@ def _optimizer_steps(optimizer: torch.optim.Optimizer) -> int:
 
 def test_diagnostics_report_the_last_critic_and_actor_steps() -> None:
     algo = small_td3()
-    info = algo.update(random_batch(2), diagnostics=True)
+    info = {key: float(value) for key, value in algo.update(random_batch(2)).items()}
     for key in ("critic/q_loss", "critic/q_value", "critic/grad_norm", "actor/loss", "actor/grad_norm"):
         assert np.isfinite(info[key]), key
     assert 0.0 <= info["critic/target_noise_clip_fraction"] <= 1.0
     # 0.2-std noise clipped at 0.5: P(|eps| > 2.5 sigma) is about 1.2%
     assert info["critic/target_noise_clip_fraction"] < 0.1
-    assert algo.update(random_batch(1), diagnostics=True).keys().isdisjoint({"actor/loss"})  # step 3: no actor
+    assert algo.update(random_batch(1)).keys().isdisjoint({"actor/loss"})  # step 3: no actor
 
 
 def test_exploration_noise_only_when_not_deterministic() -> None:
     torch.manual_seed(0)
-    policy = make_policy(TD3Config(hidden_dims=[16], exploration_noise=0.1), OBS_DIM, ACT_DIM)
+    policy = make_policy(TD3Config(actor_hidden_dims=[16],
+        critic_hidden_dims=[16], exploration_noise=0.1), OBS_DIM, ACT_DIM)
     obs = np.random.default_rng(0).normal(size=(4000, OBS_DIM)).astype(np.float32)
     greedy = policy.act(obs, deterministic=True)
     np.testing.assert_array_equal(greedy, policy.act(obs, deterministic=True))
@@ -128,10 +129,12 @@ def test_exploration_noise_only_when_not_deterministic() -> None:
     assert abs(float((noisy - greedy)[inside].std()) - 0.1) < 0.01
     assert abs(float((noisy - greedy)[inside].mean())) < 0.01
 
-    loud = make_policy(TD3Config(hidden_dims=[16], exploration_noise=5.0), OBS_DIM, ACT_DIM)
+    loud = make_policy(TD3Config(actor_hidden_dims=[16],
+        critic_hidden_dims=[16], exploration_noise=5.0), OBS_DIM, ACT_DIM)
     actions = loud.act(obs, deterministic=False, generator=torch.Generator().manual_seed(2))
     assert actions.min() == -1.0 and actions.max() == 1.0  # clipped to the box, and it does get there
-    silent = make_policy(TD3Config(hidden_dims=[16], exploration_noise=0.0), OBS_DIM, ACT_DIM)
+    silent = make_policy(TD3Config(actor_hidden_dims=[16],
+        critic_hidden_dims=[16], exploration_noise=0.0), OBS_DIM, ACT_DIM)
     np.testing.assert_array_equal(silent.act(obs, deterministic=False), silent.act(obs, deterministic=True))
 
 
@@ -139,7 +142,8 @@ def pendulum_spec(**extra: str):
     raw = {
         "name": "td3_units",
         "env": {"id": "Pendulum-v1", "max_episode_steps": 10},
-        "algo": {"name": "td3", "warm_up_steps": 10, "batch_size": 8, "buffer_size": 100, "hidden_dims": [16]},
+        "algo": {"name": "td3", "warm_up_steps": 10, "batch_size": 8, "buffer_size": 100, "actor_hidden_dims": [16],
+        "critic_hidden_dims": [16]},
         "budget": {"env_steps": 1000},
         "runners": {"envs_per_runner": 2},
     }

@@ -24,7 +24,8 @@ from aa_ray.tune.sweep import run_sweep
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 TINY_EVAL = {"eval.every_env_steps": 500, "eval.episodes": 2}
-TINY_SAC = {"algo.hidden_dims": [32, 32], "algo.batch_size": 64, "algo.warm_up_steps": 300, **TINY_EVAL}
+TINY_SAC = {"algo.actor_hidden_dims": [32, 32],
+    "algo.critic_hidden_dims": [32, 32], "algo.batch_size": 64, "algo.warm_up_steps": 300, **TINY_EVAL}
 
 
 def write(path: Path, document: dict) -> Path:
@@ -99,7 +100,8 @@ def test_sweep_grid_with_a_killed_trial(tmp_path: Path) -> None:
 def pipeline_document(rlpd_seed: int) -> dict:
     return {"name": "tiny_rlpd", "stages": {
         "ppo": {"kind": "train", "spec": str(SPECS / "ppo.yaml"), "set": {
-            "budget.env_steps": 2048, "algo.hidden_dims": [32, 32], "checkpoint.every_env_steps": None, **TINY_EVAL}},
+            "budget.env_steps": 2048, "algo.actor_hidden_dims": [32, 32],
+            "algo.critic_hidden_dims": [32, 32], "checkpoint.every_env_steps": None, **TINY_EVAL}},
         "rollouts": {"kind": "rollout", "policy": "ppo.checkpoint", "episodes": 6},
         "rlpd": {"kind": "train", "spec": str(SPECS / "rlpd.yaml"), "inputs": {"algo.prior_data": "rollouts.dataset"},
                  "set": {**TINY_SAC, "algo.warm_up_steps": 100, "budget.env_steps": 600, "seed": rlpd_seed,

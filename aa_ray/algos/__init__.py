@@ -40,3 +40,34 @@ def is_on_policy(cfg: Any) -> bool:
 
 def build_policy(cfg: Any, obs_dim: int, act_dim: int) -> nn.Module:
     return ALGORITHMS[cfg.name].make_policy(cfg, obs_dim, act_dim)
+
+
+# knobs renamed by the redesign (one naming scheme across variants): old name -> what to write now
+RENAMED_KNOBS = {
+    "hidden_dims": "actor_hidden_dims and critic_hidden_dims",
+    "learning_rate": "actor_lr, critic_lr and alpha_lr",
+    "learning_rate_end": "lr_end_fraction (= learning_rate_end / learning_rate)",
+    "lr": "actor_lr and critic_lr",
+}
+_SIMBA_LEARNING_RATES = (1e-4, 5e-5)  # the old sac_simba / sac_dist_simba defaults (start, end)
+
+
+def migrate_old_knobs(algo: dict[str, Any]) -> dict[str, Any]:
+    """An algo section written before the knob redesign, with today's names (a copy; a section
+    already in today's names comes back unchanged). Old checkpoints' specs pass through here."""
+    new = dict(algo)
+    if "hidden_dims" in new:
+        dims = new.pop("hidden_dims")
+        new.setdefault("actor_hidden_dims", list(dims))
+        new.setdefault("critic_hidden_dims", list(dims))
+    if "learning_rate" in new or "learning_rate_end" in new:
+        start = new.pop("learning_rate", _SIMBA_LEARNING_RATES[0])
+        end = new.pop("learning_rate_end", _SIMBA_LEARNING_RATES[1])
+        for key in ("actor_lr", "critic_lr", "alpha_lr"):
+            new.setdefault(key, start)
+        new.setdefault("lr_end_fraction", round(end / start, 12))
+    if new.get("name") == "ppo" and "lr" in new:
+        lr = new.pop("lr")
+        new.setdefault("actor_lr", lr)
+        new.setdefault("critic_lr", lr)
+    return new

@@ -1,13 +1,13 @@
-"""Small pieces of math and plumbing shared by the algorithm files."""
+"""The records algorithms learn from, shared by the learner and the algorithm files."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 
 class Batch(NamedTuple):
@@ -30,20 +30,6 @@ class Batch(NamedTuple):
 
     def at(self, index: int) -> Batch:
         return Batch(*(t[index] for t in self))
-
-
-@torch.no_grad()
-def polyak_update_(online: nn.Module, target: nn.Module, tau: float) -> None:
-    """target <- (1 - tau) * target + tau * online, for every parameter, in one fused call."""
-    torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)
-
-
-def grad_norm(parameters: Iterable[Tensor]) -> float:
-    """Global L2 norm of the gradients (for diagnostics; does not clip)."""
-    grads = [p.grad for p in parameters if p.grad is not None]
-    if not grads:
-        return 0.0
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
 
 
 def tensors_to_cpu(state: Mapping[str, Tensor]) -> dict[str, Tensor]:

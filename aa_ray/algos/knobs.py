@@ -1,86 +1,24 @@
-"""Knobs shared by the off-policy family: the config fields every variant has, and the small
-pieces that implement them (loss choice, one gradient step with clipping and mixed precision,
-optimizer choice, reward normalization). Algorithm files call these; none subclasses another."""
+"""The plumbing that implements the shared knobs: one gradient step (clipping, mixed precision,
+the finite check), the optimizer choice, the learning-rate schedule, polyak averaging, reward
+normalization and the RLPD batch split. Algorithm files call these."""
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable
-from typing import Literal
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 from torch import Tensor, nn
 
 from aa_ray import ddp
-from aa_ray.spec.base import SpecModel
-
-
-class OffPolicyConfig(SpecModel):
-    """Fields every off-policy variant shares (a config base; the algorithm classes share nothing)."""
-
-    gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
-    n_step: PositiveInt = Field(1, description="n-step returns (1 = one-step TD)")
-    tau: float = Field(0.005, gt=0, le=1, description="polyak rate of the target networks")
-    batch_size: PositiveInt = Field(256, description="transitions per gradient step")
-    buffer_size: PositiveInt = Field(1_000_000, description="replay capacity in transitions")
-    warm_up_steps: NonNegativeInt = Field(5000, description="uniform random actions until this many are stored")
-    train_every: PositiveInt = Field(32, description="fleet steps collected between learner iterations")
-    utd_ratio: PositiveInt = Field(1, description="critic updates per fleet step")
-    normalize_obs: bool = Field(False, description="running mean/std observation normalization")
-    normalize_reward: bool = Field(False, description="scale rewards by the running std of the return")
-    critic_loss: Literal["mse", "huber"] = Field("mse", description="TD regression loss (scalar critics)")
-    huber_delta: PositiveFloat = Field(1.0, description="Huber threshold when critic_loss is huber")
-    max_grad_norm: PositiveFloat | None = Field(None, description="clip gradients to this global norm")
-    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="autocast dtype (losses in fp32)")
-    optimizer: Literal["adam", "muon"] = Field("adam", description="muon: Muon for hidden matrices, AdamW else")
-    prior_data: str | None = Field(None, description="RLPD: a transition dataset (Parquet) to mix in")
-    prior_data_ratio: float = Field(0.5, ge=0, lt=1, description="RLPD: share of each batch from prior_data")
-
-    @model_validator(mode="after")
-    def _muon_available(self) -> OffPolicyConfig:
-        if self.optimizer == "muon" and not hasattr(torch.optim, "Muon"):
-            raise ValueError(
-                f"optimizer: muon needs torch.optim.Muon, which torch {torch.__version__} lacks; "
-                "use optimizer: adam or a newer torch"
-            )
-        if self.optimizer == "muon" and self.precision == "fp16":
-            raise ValueError("optimizer: muon cannot be combined with precision fp16 (loss scaling); use bf16")
-        return self
 
 
 def prior_rows(batch_size: int, ratio: float) -> int:
     """RLPD: how many of a batch's rows come from the prior dataset (they come first)."""
     return round(ratio * batch_size)
-
-
-def prior_q_gap(q: Tensor, cfg: OffPolicyConfig) -> dict[str, float]:
-    """RLPD diagnostics: mean Q on the prior rows vs the online rows of a batch (q: (..., batch))."""
-    if cfg.prior_data is None:
-        return {}
-    n = prior_rows(q.shape[-1], cfg.prior_data_ratio)
-    prior, online = q[..., :n].mean().item(), q[..., n:].mean().item()
-    return {"critic/prior_q": prior, "critic/online_q": online, "critic/prior_online_q_gap": prior - online}
-
-
-def td_loss(prediction: Tensor, target: Tensor, kind: str, huber_delta: float) -> Tensor:
-    """Per-critic mean TD loss in fp32, summed over the ensemble dim (dim 0)."""
-    prediction, target = prediction.float(), target.float().expand_as(prediction)
-    if kind == "huber":
-        per_element = nn.functional.huber_loss(prediction, target, reduction="none", delta=huber_delta)
-    else:
-        per_element = (prediction - target).pow(2)
-    return per_element.mean(dim=-1).sum()
-
-
-def expectile_loss(prediction: Tensor, target: Tensor, expectile: float) -> Tensor:
-    """Asymmetric squared error: under-predictions weigh `expectile`, over-predictions 1 - expectile,
-    so the minimiser is the `expectile`-expectile of the target (0.5: the mean)."""
-    err = target - prediction
-    weight = torch.where(err >= 0, expectile, 1.0 - expectile)
-    return (weight * err.pow(2)).mean()
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
@@ -93,8 +31,8 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
 class GradientStep:
     """zero_grad -> backward (loss-scaled under fp16) -> unscale -> norm/clip -> step.
 
-    Returns the global gradient norm (before clipping); the norm is measured on unscaled
-    gradients, which is the only place it means anything under fp16.
+    Returns the global gradient norm (before clipping) as a tensor; the norm is measured on
+    unscaled gradients, which is the only place it means anything under fp16.
 
     A step whose loss or gradients are not finite is skipped (the parameters and optimizer state
     stay as they were) and counted in `skipped`; `consecutive_skips` says how many in a row. The
@@ -109,8 +47,10 @@ class GradientStep:
         precision: str,
         device: torch.device,
         average_grads: bool = False,  # for tensors outside DDP modules (SAC's log-temperature)
+        project: Callable[[], None] | None = None,  # run after every step taken (SimbaV2's weight projection)
     ):
         self.optimizer = optimizer
+        self.project = project
         self.average_grads = average_grads
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.max_grad_norm = max_grad_norm
@@ -118,7 +58,7 @@ class GradientStep:
         self.skipped = 0
         self.consecutive_skips = 0
 
-    def __call__(self, loss: Tensor, measure: bool = False) -> float:
+    def __call__(self, loss: Tensor) -> Tensor:
         self.optimizer.zero_grad(set_to_none=True)
         if self.scaler is None:
             loss.backward()
@@ -129,21 +69,24 @@ class GradientStep:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         grads = [p.grad for p in self.params if p.grad is not None]
-        norm = float(nn.utils.get_total_norm(grads)) if grads else 0.0
-        if self.scaler is None and not (math.isfinite(norm) and torch.isfinite(loss.detach())):
+        norm = nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=loss.device)
+        # the finite check reads the norm on the host: the one sync of a step
+        if self.scaler is None and not (math.isfinite(float(norm)) and torch.isfinite(loss.detach())):
             self.optimizer.zero_grad(set_to_none=True)
             self.skipped += 1
             self.consecutive_skips += 1
-            return norm
+            return norm.detach()
         self.consecutive_skips = 0
         if self.max_grad_norm is not None:
-            nn.utils.clip_grads_with_norm_(self.params, self.max_grad_norm, torch.tensor(norm))
+            nn.utils.clip_grads_with_norm_(self.params, self.max_grad_norm, norm)
         if self.scaler is None:
             self.optimizer.step()
         else:
             self.scaler.step(self.optimizer)
             self.scaler.update()
-        return norm
+        if self.project is not None:
+            self.project()
+        return norm.detach()
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict() if self.scaler else None}
@@ -179,7 +122,10 @@ class MuonWithAdamW:
 
     def __init__(self, muon: torch.optim.Optimizer, adamw: torch.optim.Optimizer):
         self.parts = (muon, adamw)
-        self.param_groups = muon.param_groups + adamw.param_groups
+
+    @property
+    def param_groups(self) -> list[dict]:  # looked up each time: loading a state replaces the group dicts
+        return self.parts[0].param_groups + self.parts[1].param_groups
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for part in self.parts:
@@ -225,13 +171,15 @@ class RewardNormalizer(nn.Module):
         self.count.copy_(total)
         self.max_abs.copy_(torch.maximum(self.max_abs, torch.tensor(max_abs, dtype=torch.float64)))
 
-    def scale(self) -> float:
-        if not self.enabled or self.count == 0:
-            return 1.0
-        denominator = float(torch.sqrt(self.var + self.eps))
+    def scale(self) -> Tensor:
+        """The factor rewards are multiplied by (a float32 scalar on the buffers' device; 1 until stats arrive)."""
+        if not self.enabled:
+            return torch.ones((), device=self.var.device)
+        denominator = torch.sqrt(self.var + self.eps)
         if self.v_max is not None:
-            denominator = max(denominator, float(self.max_abs) / self.v_max)
-        return 1.0 / max(denominator, self.eps)
+            denominator = torch.maximum(denominator, self.max_abs / self.v_max)
+        scale = 1.0 / denominator.clamp_min(self.eps)
+        return torch.where(self.count > 0, scale, torch.ones_like(scale)).float()
 
     def forward(self, reward: Tensor) -> Tensor:
         return reward * self.scale()
@@ -242,3 +190,59 @@ def return_moments(returns: Iterable[float]) -> tuple[int, float, float, float]:
     if values.size == 0:
         return 0, 0.0, 1.0, 0.0
     return int(values.size), float(values.mean()), float(values.var()), float(np.abs(values).max())
+
+
+@torch.no_grad()
+def polyak_update_(online: nn.Module, target: nn.Module, tau: float) -> None:
+    """target <- (1 - tau) * target + tau * online, for every parameter, in one fused call."""
+    torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)
+
+
+@contextlib.contextmanager
+def frozen(module: nn.Module) -> Iterator[nn.Module]:
+    """The module scores an input without collecting weight gradients (saves a third of the
+    actor's backward when the critics only judge its action)."""
+    module.requires_grad_(False)
+    try:
+        yield module
+    finally:
+        module.requires_grad_(True)
+
+
+def scheduled_lr(start: float, end_fraction: float, steps_done: int, planned_steps: int) -> float:
+    """Linear from `start` to `start * end_fraction` over `planned_steps`, then constant."""
+    progress = min(steps_done / max(planned_steps, 1), 1.0)
+    return start * (1.0 + progress * (end_fraction - 1.0))
+
+
+class LinearLRSchedule:
+    """Moves optimizer groups' lrs along `scheduled_lr`, one fleet step at a time. The start rates
+    are the ones the groups were built with (a loaded optimizer state does not move them); groups
+    are looked up on every change because loading an optimizer's state replaces its group dicts."""
+
+    def __init__(self, groups: Iterable[tuple[Any, int]], end_fraction: float, planned_steps: int):
+        self.starts = [(optimizer, index, float(optimizer.param_groups[index]["lr"])) for optimizer, index in groups]
+        self.end_fraction, self.planned_steps = end_fraction, planned_steps
+        self.steps_done = 0
+
+    def advance(self, fleet_steps: int = 1) -> None:
+        self.load_state_dict(self.steps_done + fleet_steps)
+
+    def state_dict(self) -> int:  # checkpointed as `steps_done`
+        return self.steps_done
+
+    def load_state_dict(self, steps_done: int) -> None:
+        self.steps_done = int(steps_done)
+        for optimizer, index, start in self.starts:
+            lr = scheduled_lr(start, self.end_fraction, self.steps_done, self.planned_steps)
+            optimizer.param_groups[index]["lr"] = lr
+
+    def current_lr(self) -> Tensor:
+        """The first group's lr now, as a diagnostic (a CPU tensor, no device read)."""
+        optimizer, index, _ = self.starts[0]
+        return torch.tensor(float(optimizer.param_groups[index]["lr"]))
+
+
+def every_group(*steps: GradientStep | None) -> list[tuple[Any, int]]:
+    """(optimizer, group index) of every group of the given steps, for a schedule."""
+    return [(step.optimizer, i) for step in steps if step is not None for i in range(len(step.optimizer.param_groups))]

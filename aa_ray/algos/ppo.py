@@ -13,33 +13,36 @@ from a KL target as in rsl_rl. Deliberate choices:
 - advantages are normalized over the global batch (all learners), each learner updates on its own
   envs' share, and DDP averages the gradients;
 - the adaptive learning rate changes the actor's rate only, on the KL averaged over learners, so
-  every learner keeps the same rate.
+  every learner keeps the same rate; it reads that KL on the host after every minibatch (the rule
+  needs the number), the one read inside the update besides the finite-gradient check.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
-from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
 from torch import Tensor, nn
 
 from aa_ray import ddp
-from aa_ray.algos.common import tensors_to_cpu
-from aa_ray.algos.knobs import RewardNormalizer
+from aa_ray.algos.bookkeeping import Bookkeeping
+from aa_ray.algos.config import LearningRates
+from aa_ray.algos.contract import Health
+from aa_ray.algos.knobs import LinearLRSchedule, RewardNormalizer
 from aa_ray.nets.actor_critic import GaussianActorCritic
-from aa_ray.spec.base import SpecModel
 
 
-class PPOConfig(SpecModel):
+class PPOConfig(LearningRates):
     name: Literal["ppo"] = "ppo"
     gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
     gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda")
     train_every: PositiveInt = Field(32, description="rollout steps per env between updates")
     ppo_epochs: PositiveInt = Field(4, description="passes over each rollout")
     num_minibatches: PositiveInt = Field(4, description="minibatches per pass (per learner)")
-    lr: PositiveFloat = Field(3e-4, description="Adam learning rate (actor and critic)")
+    actor_lr: PositiveFloat = Field(3e-4, description="Adam learning rate of the actor (the start, with desired_kl)")
+    critic_lr: PositiveFloat = Field(3e-4, description="Adam learning rate of the critic")
     clip_param: PositiveFloat | tuple[PositiveFloat, PositiveFloat] = Field(
         0.2, description="ratio clip epsilon, or [eps_low, eps_high] for an asymmetric clip"
     )
@@ -50,7 +53,8 @@ class PPOConfig(SpecModel):
     desired_kl: PositiveFloat | None = Field(0.01, description="adapt the actor's lr toward this KL (null: fixed lr)")
     lr_bounds: tuple[PositiveFloat, PositiveFloat] = Field((1e-5, 1e-2), description="range of the adaptive lr")
     init_log_std: float = Field(0.0, description="initial log std of the Gaussian policy")
-    hidden_dims: list[PositiveInt] = Field([64, 64], min_length=1, description="tanh MLP widths")
+    actor_hidden_dims: list[PositiveInt] = Field([64, 64], min_length=1, description="actor tanh MLP widths")
+    critic_hidden_dims: list[PositiveInt] = Field([64, 64], min_length=1, description="critic tanh MLP widths")
     normalize_obs: bool = Field(True, description="running mean/std observation normalization")
     normalize_reward: bool = Field(True, description="scale rewards by the running std of the return")
 
@@ -62,13 +66,24 @@ class PPOConfig(SpecModel):
             raise ValueError("the lower clip epsilon must be below 1 (ratios are positive)")
         return value
 
+    @model_validator(mode="after")
+    def _one_rule_for_the_actor_lr(self) -> PPOConfig:
+        if self.desired_kl is not None and self.lr_end_fraction != 1.0:
+            raise ValueError(
+                "lr_end_fraction < 1 schedules the lrs, but desired_kl already adapts the actor's lr: "
+                "set desired_kl: null to schedule, or lr_end_fraction: 1.0 to adapt"
+            )
+        return self
+
     @property
     def clip_range(self) -> tuple[float, float]:
         return self.clip_param if isinstance(self.clip_param, tuple) else (self.clip_param, self.clip_param)
 
 
 def make_policy(cfg: PPOConfig, obs_dim: int, act_dim: int) -> GaussianActorCritic:
-    return GaussianActorCritic(obs_dim, act_dim, cfg.hidden_dims, cfg.normalize_obs, cfg.init_log_std)
+    return GaussianActorCritic(
+        obs_dim, act_dim, cfg.actor_hidden_dims, cfg.critic_hidden_dims, cfg.normalize_obs, cfg.init_log_std
+    )
 
 
 class Rollout(NamedTuple):
@@ -128,26 +143,32 @@ def adapt_lr(lr: float, kl: float, desired_kl: float, bounds: tuple[float, float
     return lr
 
 
-def explained_variance(prediction: Tensor, target: Tensor) -> float:
-    """1 - Var(target - prediction) / Var(target): 1 is perfect, 0 is no better than the mean."""
+def explained_variance(prediction: Tensor, target: Tensor) -> Tensor:
+    """1 - Var(target - prediction) / Var(target): 1 is perfect, 0 is no better than the mean (nan
+    for a constant target)."""
     variance = target.var()
-    return float("nan") if variance == 0 else float(1.0 - (target - prediction).var() / variance)
+    explained = 1.0 - (target - prediction).var() / variance
+    return torch.where(variance > 0, explained, torch.full_like(explained, float("nan")))
 
 
-class PPO:
+class PPO(Bookkeeping):
     def __init__(self, cfg: PPOConfig, obs_dim: int, act_dim: int, device: torch.device, planned_steps: int = 0):
         self.cfg, self.device = cfg, device
         self.policy = make_policy(cfg, obs_dim, act_dim).to(device)
         self.reward_norm = RewardNormalizer(cfg.normalize_reward).to(device)
         # param_groups[0] is the actor (its lr adapts to the KL), [1] the critic
-        self.optimizer = torch.optim.Adam(
-            [{"params": self.policy.actor.parameters()}, {"params": self.policy.critic.parameters()}], lr=cfg.lr
-        )
+        self.optimizer = torch.optim.Adam([
+            {"params": self.policy.actor.parameters(), "lr": cfg.actor_lr},
+            {"params": self.policy.critic.parameters(), "lr": cfg.critic_lr},
+        ])
+        scheduled = [(self.optimizer, 1)] if cfg.desired_kl is not None else [(self.optimizer, 0), (self.optimizer, 1)]
+        self.schedule = LinearLRSchedule(scheduled, cfg.lr_end_fraction, planned_steps)
         # several learners: DDP averages the actor's and critic's gradients; the normalizers stay plain
         self.actor_ddp, self.critic_ddp = ddp.wrap(self.policy.actor), ddp.wrap(self.policy.critic)
         self.skipped = self.consecutive_skips = 0  # minibatch steps skipped for a non-finite loss or gradient
+        self.largest_value = torch.zeros(())
 
-    def update(self, rollout: Rollout) -> dict[str, float]:
+    def update(self, rollout: Rollout) -> dict[str, Tensor]:
         cfg = self.cfg
         # 1. advantages from the rollout's values, on rewards scaled by the (frozen) return std
         reward = self.reward_norm(rollout.reward)
@@ -160,33 +181,35 @@ class PPO:
         # 2. epochs x minibatches over the flattened (time, env) rows
         obs = self.policy.obs_norm(rollout.obs.flatten(0, 1))
         rows = (obs, rollout.action.flatten(0, 1), rollout.log_prob.flatten(), normalized.flatten(), returns.flatten())
-        totals: dict[str, float] = {}
+        totals: dict[str, Tensor] = {}
+        self.largest_value = torch.zeros((), device=self.device)
         for _ in range(cfg.ppo_epochs):
             for index in torch.randperm(len(obs), device=self.device).chunk(cfg.num_minibatches):
                 info = self.update_minibatch(*(column[index] for column in rows))
                 if cfg.desired_kl is not None:
                     group = self.optimizer.param_groups[0]
-                    group["lr"] = adapt_lr(group["lr"], info["actor/approx_kl"], cfg.desired_kl, cfg.lr_bounds)
+                    group["lr"] = adapt_lr(group["lr"], float(info["actor/approx_kl"]), cfg.desired_kl, cfg.lr_bounds)
                 for key, value in info.items():
                     totals[key] = totals.get(key, 0.0) + value
         minibatches = cfg.ppo_epochs * cfg.num_minibatches
         info = {key: value / minibatches for key, value in totals.items()}
+        self.schedule.advance(cfg.train_every)  # one rollout is train_every fleet steps
 
         # 3. diagnostics of the data the update learned from
         return info | {
-            "actor/lr": self.optimizer.param_groups[0]["lr"],
-            "actor/std": self.policy.actor.log_std.exp().mean().item(),
+            "actor/lr": torch.tensor(float(self.optimizer.param_groups[0]["lr"])),
+            "actor/std": self.policy.actor.log_std.detach().exp().mean(),
             "critic/explained_var": explained_variance(rollout.value, returns),
-            "critic/adv_mean": adv_mean.item(),
-            "critic/adv_std": adv_std.item(),
-            "critic/value_mean": rollout.value.mean().item(),
-            "critic/return_mean": returns.mean().item(),
+            "critic/adv_mean": adv_mean,
+            "critic/adv_std": adv_std,
+            "critic/value_mean": rollout.value.mean(),
+            "critic/return_mean": returns.mean(),
             "critic/reward_scale": self.reward_norm.scale(),
         }
 
     def update_minibatch(
         self, obs: Tensor, action: Tensor, old_log_prob: Tensor, advantage: Tensor, value_target: Tensor
-    ) -> dict[str, float]:
+    ) -> dict[str, Tensor]:
         eps_low, eps_high = self.cfg.clip_range
         log_prob, entropy = self.actor_ddp(obs, action)
         log_ratio = log_prob - old_log_prob
@@ -195,14 +218,16 @@ class PPO:
             policy_loss = spo_loss(ratio, advantage, eps_high)
         else:
             policy_loss = clipped_surrogate_loss(ratio, advantage, eps_low, eps_high)
-        value_loss = (self.critic_ddp(obs) - value_target).pow(2).mean()
+        value = self.critic_ddp(obs)
+        value_loss = (value - value_target).pow(2).mean()
         loss = policy_loss - self.cfg.entropy_coef * entropy.mean() + self.cfg.value_coef * value_loss
 
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         actor_norm = self._clip(self.policy.actor)
         critic_norm = self._clip(self.policy.critic)
-        if math.isfinite(actor_norm + critic_norm) and torch.isfinite(loss.detach()):
+        # the finite check reads both norms on the host (as GradientStep does)
+        if math.isfinite(float(actor_norm + critic_norm)) and torch.isfinite(loss.detach()):
             self.optimizer.step()
             self.consecutive_skips = 0
         else:  # leave the weights as they were (every learner sees the same all-reduced gradients)
@@ -212,32 +237,28 @@ class PPO:
 
         with torch.no_grad():
             approx_kl = ddp.global_mean(((ratio - 1.0) - log_ratio).mean())  # Schulman's k3 estimator, >= 0
+            self.largest_value = torch.maximum(self.largest_value, value.abs().max())
         return {
-            "actor/policy_loss": policy_loss.item(),
-            "actor/entropy": entropy.mean().item(),
-            "actor/approx_kl": approx_kl.item(),
-            "actor/clamp_pos": (ratio > 1.0 + eps_high).float().mean().item(),
-            "actor/clamp_neg": (ratio < 1.0 - eps_low).float().mean().item(),
+            "actor/policy_loss": policy_loss.detach(),
+            "actor/entropy": entropy.detach().mean(),
+            "actor/approx_kl": approx_kl,
+            "actor/clamp_pos": (ratio > 1.0 + eps_high).float().mean(),
+            "actor/clamp_neg": (ratio < 1.0 - eps_low).float().mean(),
             "actor/grad_norm": actor_norm,
-            "critic/value_loss": value_loss.item(),
+            "critic/value_loss": value_loss.detach(),
             "critic/grad_norm": critic_norm,
         }
 
-    def _clip(self, module: nn.Module) -> float:
+    def _clip(self, module: nn.Module) -> Tensor:
         limit = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else float("inf")
-        return float(nn.utils.clip_grad_norm_(module.parameters(), limit))
+        return nn.utils.clip_grad_norm_(module.parameters(), limit).detach()
 
-    def policy_state(self) -> dict[str, Tensor]:
-        return tensors_to_cpu(self.policy.state_dict())
+    def health(self) -> Health:
+        return Health(self.skipped, self.consecutive_skips, float(self.largest_value))
 
-    def state_dict(self) -> dict:
+    def parts(self) -> dict[str, Any]:
+        # the optimizer's state includes the adapted lr
         return {
-            "policy": self.policy.state_dict(),
-            "reward_norm": self.reward_norm.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "policy": self.policy, "reward_norm": self.reward_norm, "optimizer": self.optimizer,
+            "steps_done": self.schedule,
         }
-
-    def load_state_dict(self, state: dict) -> None:
-        self.policy.load_state_dict(state["policy"])
-        self.reward_norm.load_state_dict(state["reward_norm"])
-        self.optimizer.load_state_dict(state["optimizer"])  # includes the adapted lr

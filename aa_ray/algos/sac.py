@@ -15,63 +15,40 @@ Deliberate choices:
 from __future__ import annotations
 
 import copy
-import math
 from functools import partial
-from typing import Literal
+from typing import Any, Literal
 
 import torch
-from pydantic import Field, PositiveFloat, PositiveInt, model_validator
+from torch import Tensor
 
 from aa_ray import ddp
-from aa_ray.algos.common import Batch, polyak_update_, tensors_to_cpu
-from aa_ray.algos.knobs import (
-    GradientStep,
-    OffPolicyConfig,
-    RewardNormalizer,
-    autocast,
-    expectile_loss,
-    make_optimizer,
-    prior_q_gap,
-    td_loss,
-)
+from aa_ray.algos import config, soft_updates
+from aa_ray.algos.bookkeeping import Bookkeeping
+from aa_ray.algos.common import Batch
+from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, RewardNormalizer, every_group, make_optimizer
 from aa_ray.nets.mlp import EnsembleQ, MLPActor, MLPValue
 from aa_ray.nets.policy import SquashedGaussianPolicy
 
 
-class SACConfig(OffPolicyConfig):
+class SACConfig(
+    config.OffPolicyKnobs, config.LearningRates, config.TemperatureKnobs, config.BEEKnobs, config.RLPDKnobs,
+    config.MLPNetworks
+):
     name: Literal["sac"] = "sac"
-    actor_lr: PositiveFloat = Field(3e-4, description="actor learning rate")
-    critic_lr: PositiveFloat = Field(1e-3, description="critic (and V) learning rate")
-    alpha_lr: PositiveFloat = Field(1e-3, description="temperature learning rate")
-    init_alpha: PositiveFloat = Field(1.0, description="initial temperature")
-    autotune_alpha: bool = Field(True, description="learn the temperature toward target_entropy")
-    target_entropy: float | None = Field(None, description="null means -|A|")
-    hidden_dims: list[PositiveInt] = Field([256, 256], min_length=1, description="MLP widths")
-    layer_norm: bool = Field(False, description="LayerNorm in the critics (as RLPD recommends with prior_data)")
-    learn_v: bool = Field(False, description="BAC: learn V(s) by expectile regression on replayed actions")
-    v_quantile: float = Field(0.7, gt=0, lt=1, description="BAC: expectile of V (> 0.5 is optimistic)")
-    bee_lambda: float = Field(0.0, ge=0, le=1, description="BEE: weight of the exploitation target (0 = SAC)")
-
-    @model_validator(mode="after")
-    def _bee_needs_v(self) -> SACConfig:
-        if self.bee_lambda > 0 and not self.learn_v:
-            raise ValueError("bee_lambda > 0 needs learn_v: true (the exploitation target bootstraps from V)")
-        return self
 
 
 def make_policy(cfg: SACConfig, obs_dim: int, act_dim: int) -> SquashedGaussianPolicy:
-    return SquashedGaussianPolicy(MLPActor(obs_dim, act_dim, cfg.hidden_dims), obs_dim, cfg.normalize_obs)
+    return SquashedGaussianPolicy(MLPActor(obs_dim, act_dim, cfg.actor_hidden_dims), obs_dim, cfg.normalize_obs)
 
 
-class SAC:
+class SAC(Bookkeeping):
     def __init__(self, cfg: SACConfig, obs_dim: int, act_dim: int, device: torch.device, planned_steps: int = 0):
-        self.cfg, self.device = cfg, device
+        self.cfg = cfg
         self.policy = make_policy(cfg, obs_dim, act_dim).to(device)
-        self.critic = EnsembleQ(obs_dim, act_dim, cfg.hidden_dims, num_critics=2, layer_norm=cfg.layer_norm).to(device)
+        self.critic = EnsembleQ(obs_dim, act_dim, cfg.critic_hidden_dims, 2, layer_norm=cfg.layer_norm).to(device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        self.value = MLPValue(obs_dim, cfg.hidden_dims).to(device) if cfg.learn_v else None
-        self.log_alpha = torch.tensor(math.log(cfg.init_alpha), device=device, requires_grad=True)
-        self.target_entropy = -float(act_dim) if cfg.target_entropy is None else cfg.target_entropy
+        self.value = MLPValue(obs_dim, cfg.critic_hidden_dims).to(device) if cfg.learn_v else None
+        self.log_alpha, self.target_entropy = soft_updates.temperature(cfg, act_dim, device)
         self.reward_norm = RewardNormalizer(cfg.normalize_reward).to(device)
 
         step = partial(GradientStep, max_grad_norm=cfg.max_grad_norm, precision=cfg.precision, device=device)
@@ -79,113 +56,39 @@ class SAC:
         self.critic_step = step(make_optimizer(self.critic, cfg.optimizer, cfg.critic_lr))
         self.alpha_step = step(torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr), average_grads=True)
         self.value_step = step(make_optimizer(self.value, cfg.optimizer, cfg.critic_lr)) if self.value else None
+        steps = (self.actor_step, self.critic_step, self.alpha_step, self.value_step)
+        self.schedule = LinearLRSchedule(every_group(*steps), cfg.lr_end_fraction, planned_steps)
+        self.largest_value = torch.zeros(())
 
         # several learners: DDP averages the online modules' gradients; targets and normalizers stay plain
-        self.policy_ddp, self.critic_ddp = ddp.wrap(self.policy), ddp.wrap(self.critic)
-        self.value_ddp = ddp.wrap(self.value) if self.value else None
+        self.policy_ddp = ddp.wrap(self.policy)
+        self.critics = soft_updates.Critics(
+            self.critic, ddp.wrap(self.critic), self.critic_target, self.critic_step,
+            self.value, ddp.wrap(self.value) if self.value else None, self.value_step,
+        )
 
-    def update(self, batch: Batch, diagnostics: bool = False) -> dict[str, float]:
-        """One fleet step's worth of learning: `len(batch)` critic steps, then actor and temperature."""
-        info: dict[str, float] = {}
+    def update(self, batch: Batch) -> dict[str, Tensor]:
+        """One fleet step: `len(batch)` critic (and V) steps, then the actor and temperature on the last batch."""
+        alpha = self.log_alpha.detach().exp()
         for i in range(len(batch)):
-            info = self.update_critic(batch.at(i), diagnostics and i == len(batch) - 1)
-        info.update(self.update_actor_and_alpha(batch.at(-1), diagnostics))
+            x = soft_updates.prepare(batch.at(i), self.policy, self.reward_norm)
+            info, q = soft_updates.update_scalar_critics(
+                x, alpha, self.policy, self.critics, self.reward_norm.scale(), self.cfg
+            )
+        info |= soft_updates.update_actor_and_temperature(
+            batch.at(-1).obs, self.policy, self.policy_ddp, self.critic, lambda q: q, self.actor_step,
+            self.log_alpha, self.alpha_step, self.target_entropy, self.cfg,
+        )
+        self.largest_value = q.abs().max()
+        self.schedule.advance()
         return info
 
-    def update_critic(self, b: Batch, diagnostics: bool) -> dict[str, float]:
-        alpha = self.log_alpha.detach().exp()
-        obs, next_obs = self.policy.obs_norm(b.obs), self.policy.obs_norm(b.next_obs)
-        reward = self.reward_norm(b.reward)
-        info = self.update_value(b, obs, alpha, diagnostics) if self.value is not None else {}
-        with autocast(self.device, self.cfg.precision):
-            # soft Bellman target from the slow critics, clipped double-Q; only a true terminal masks it
-            with torch.no_grad():
-                next_action, next_log_prob = self.policy(b.next_obs)
-                min_next_q = self.critic_target(next_obs, next_action).min(dim=0).values
-                bootstrap = b.discount * (1.0 - b.terminated)
-                next_q_value = reward + bootstrap * (min_next_q - alpha * next_log_prob).float()
-                if self.value is not None:  # BEE: lambda * exploitation + (1 - lambda) * exploration
-                    exploit_target = reward + bootstrap * self.value(next_obs).float()
-                    next_q_value = self.cfg.bee_lambda * exploit_target + (1 - self.cfg.bee_lambda) * next_q_value
-            q = self.critic_ddp(obs, b.action)  # (2, batch)
-        q_loss = td_loss(q, next_q_value, self.cfg.critic_loss, self.cfg.huber_delta)
-        norm = self.critic_step(q_loss, measure=diagnostics)
-        polyak_update_(self.critic, self.critic_target, self.cfg.tau)
-
-        if not diagnostics:
-            return {}
-        return info | {
-            "critic/q_loss": q_loss.item() / 2,
-            "critic/q_value": q.float().mean().item(),
-            "critic/q_max": q.float().max().item(),
-            "critic/td_target": next_q_value.mean().item(),
-            "critic/grad_norm": norm,
-            "critic/reward_scale": self.reward_norm.scale(),
-        } | prior_q_gap(q.float(), self.cfg)
-
-    def update_value(self, b: Batch, obs: torch.Tensor, alpha: torch.Tensor, diagnostics: bool) -> dict[str, float]:
-        """BAC: V(s) is an upper expectile of min Q_target(s, a_replay) - alpha log pi(a~|s): the value of
-        the best actions the buffer has seen, not of the current policy's."""
-        with autocast(self.device, self.cfg.precision):
-            with torch.no_grad():
-                _, log_prob = self.policy(b.obs)
-                target = self.critic_target(obs, b.action).min(dim=0).values - alpha * log_prob
-            v = self.value_ddp(obs)
-        v_loss = expectile_loss(v.float(), target.float(), self.cfg.v_quantile)
-        norm = self.value_step(v_loss, measure=diagnostics)
-        if not diagnostics:
-            return {}
-        return {
-            "critic/v_loss": v_loss.item(),
-            "critic/q_upper": v.float().mean().item(),
-            "critic/v_grad_norm": norm,
-        }
-
-    def update_actor_and_alpha(self, b: Batch, diagnostics: bool) -> dict[str, float]:
-        alpha = self.log_alpha.detach().exp()
-        with autocast(self.device, self.cfg.precision):
-            action, log_prob = self.policy_ddp(b.obs)
-            # the critics only score the action here; skipping their weight gradients saves a third of backward
-            self.critic.requires_grad_(False)
-            min_q = self.critic(self.policy.obs_norm(b.obs), action).min(dim=0).values
-            self.critic.requires_grad_(True)
-        actor_loss = (alpha * log_prob.float() - min_q.float()).mean()
-        norm = self.actor_step(actor_loss, measure=diagnostics)
-
-        # temperature: raise alpha when the policy's entropy is below the target, lower it above
-        alpha_loss = -(self.log_alpha.exp() * (log_prob.detach().float() + self.target_entropy)).mean()
-        if self.cfg.autotune_alpha:
-            self.alpha_step(alpha_loss)
-
-        if not diagnostics:
-            return {}
-        return {
-            "actor/loss": actor_loss.item(),
-            "actor/alpha": alpha.item(),
-            "actor/alpha_loss": alpha_loss.item(),
-            "actor/entropy": -log_prob.float().mean().item(),
-            "actor/grad_norm": norm,
-        }
-
-    def policy_state(self) -> dict[str, torch.Tensor]:
-        return tensors_to_cpu(self.policy.state_dict())
-
-    def _parts(self) -> dict:
+    def parts(self) -> dict[str, Any]:
         parts = {
             "policy": self.policy, "critic": self.critic, "critic_target": self.critic_target,
             "reward_norm": self.reward_norm, "actor_step": self.actor_step, "critic_step": self.critic_step,
-            "alpha_step": self.alpha_step,
+            "alpha_step": self.alpha_step, "log_alpha": self.log_alpha,
         }
         if self.value is not None:
             parts |= {"value": self.value, "value_step": self.value_step}
-        return parts
-
-    def state_dict(self) -> dict:
-        state = {name: part.state_dict() for name, part in self._parts().items()}
-        return state | {"log_alpha": self.log_alpha.detach()}
-
-    def load_state_dict(self, state: dict) -> None:
-        for name, part in self._parts().items():
-            part.load_state_dict(state[name])
-        with torch.no_grad():
-            self.log_alpha.copy_(state["log_alpha"])
+        return parts | {"steps_done": self.schedule}

@@ -19,6 +19,7 @@ import numpy as np
 from aa_ray.data.dataset import DatasetMeta, DatasetWriter
 from aa_ray.data.scripted import scripted_controllers
 from aa_ray.spec.experiment import ExperimentSpec
+from aa_ray.spec.loader import spec_to_dict, validate_spec
 
 ROUNDS = 20  # about this many progress reports per rollout
 
@@ -33,10 +34,11 @@ def _report(line: str) -> None:
 
 def policy_from_checkpoint(spec: ExperimentSpec, checkpoint: str | Path) -> tuple[ExperimentSpec, dict]:
     """The spec to roll out with (the checkpoint's algo, so runners build its policy network) and
-    the policy weights. CheckpointError (a bad path or file) or RolloutError (wrong env)."""
+    the policy weights. CheckpointError (a bad path or file), RolloutError (wrong env) or SpecError
+    (the checkpoint's algo does not fit the rest of the spec)."""
     from aa_ray.algos import build_policy
+    from aa_ray.envs import env_dims
     from aa_ray.runtime.checkpoint import CheckpointError, checkpoint_spec, load_checkpoint
-    from aa_ray.runtime.env_runner import env_dims
 
     payload = load_checkpoint(checkpoint)
     trained = checkpoint_spec(payload)
@@ -57,7 +59,9 @@ def policy_from_checkpoint(spec: ExperimentSpec, checkpoint: str | Path) -> tupl
             f"checkpoint {payload['folder']}: its policy does not fit env {spec.env.id} "
             f"(obs_dim {obs_dim}, act_dim {act_dim}): {str(err).splitlines()[0]}"
         ) from None
-    return spec.model_copy(update={"algo": trained.algo}), state
+    # validated as a whole: the checkpoint's algo must fit the rest of the spec (e.g. its runtime.mode)
+    source = f"{spec.name} with the algo of checkpoint {payload['folder']}"
+    return validate_spec({**spec_to_dict(spec), "algo": spec_to_dict(trained)["algo"]}, source=source), state
 
 
 def check_scripted(spec: ExperimentSpec) -> None:
@@ -69,7 +73,7 @@ def check_scripted(spec: ExperimentSpec) -> None:
 
 
 def dataset_meta(spec: ExperimentSpec, producer: str) -> DatasetMeta:
-    from aa_ray.runtime.env_runner import make_vector_env
+    from aa_ray.envs import make_vector_env
 
     envs = make_vector_env(spec, 1)
     try:
@@ -102,9 +106,10 @@ def rollout(
     checked is checked before Ray starts (SpecError, CheckpointError, RolloutError)."""
     import ray
 
+    from aa_ray.envs import env_dims
     from aa_ray.runtime import cluster
-    from aa_ray.runtime.env_runner import EnvRunner, env_dims
-    from aa_ray.runtime.trainer import get_results
+    from aa_ray.runtime.env_runner import EnvRunner
+    from aa_ray.runtime.remote import get_results
 
     if episodes < 1:
         raise RolloutError(f"--episodes must be at least 1, got {episodes}")

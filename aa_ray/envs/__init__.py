@@ -1,9 +1,11 @@
-"""Custom environments; importing this package registers them with gymnasium."""
+"""Env construction (`make`: the spec's vector env and its dims) and custom environments;
+importing this package registers them with gymnasium."""
 
 from __future__ import annotations
 
 import gymnasium as gym
 
+from aa_ray.envs.make import RENDER_BACKEND_ERRORS, env_dims, env_kwargs, make_vector_env
 from aa_ray.envs.pusher_reach import (
     ACT_DIM,
     ENV_ID,
@@ -19,8 +21,12 @@ __all__ = [
     "MAX_EPISODE_STEPS",
     "OBS_DIM",
     "PUSHER_REACH_ID",
+    "RENDER_BACKEND_ERRORS",
     "SUCCESS_DISTANCE",
     "PusherReachEnv",
+    "env_dims",
+    "env_kwargs",
+    "make_vector_env",
     "register_envs",
     "scripted_action",
 ]

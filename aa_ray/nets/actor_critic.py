@@ -60,12 +60,14 @@ class ValueCritic(nn.Module):
 class GaussianActorCritic(nn.Module):
     """normalizer -> (actor, critic). Methods take raw observations."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden_dims: Sequence[int], normalize_obs: bool,
-                 init_log_std: float = 0.0):
+    def __init__(
+        self, obs_dim: int, act_dim: int, actor_hidden_dims: Sequence[int], critic_hidden_dims: Sequence[int],
+        normalize_obs: bool, init_log_std: float = 0.0,
+    ):
         super().__init__()
         self.obs_norm = ObsNormalizer(obs_dim, enabled=normalize_obs)
-        self.actor = GaussianActor(obs_dim, act_dim, hidden_dims, init_log_std)
-        self.critic = ValueCritic(obs_dim, hidden_dims)
+        self.actor = GaussianActor(obs_dim, act_dim, actor_hidden_dims, init_log_std)
+        self.critic = ValueCritic(obs_dim, critic_hidden_dims)
 
     @torch.no_grad()
     def explore(self, obs: np.ndarray, generator: torch.Generator) -> tuple[np.ndarray, np.ndarray]:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from aa_ray.nets.mlp import EnsembleLinear
+from aa_ray.nets.mlp import EnsembleMLP
 from aa_ray.nets.simba import HyperHead, SimbaV2Encoder
 
 
@@ -82,23 +82,20 @@ def saturation(next_probs: Tensor, reward: Tensor, bootstrap: Tensor, support: T
     return low, high
 
 
-class EnsembleCategoricalQ(nn.Module):
+class EnsembleCategoricalQ(EnsembleMLP):
     """`num_critics` ReLU MLPs on concat(obs, action), each with `num_atoms` logits, evaluated as one
-    batched ensemble (like `EnsembleQ`); forward returns logits (num_critics, batch, num_atoms)."""
+    batched ensemble (like `EnsembleQ`, optional LayerNorm included); forward returns logits
+    (num_critics, batch, num_atoms)."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden_dims: Sequence[int], num_atoms: int, num_critics: int = 2):
-        super().__init__()
+    def __init__(
+        self, obs_dim: int, act_dim: int, hidden_dims: Sequence[int], num_atoms: int, num_critics: int = 2,
+        layer_norm: bool = False,
+    ):
+        super().__init__(obs_dim + act_dim, hidden_dims, num_atoms, num_critics, layer_norm)
         self.num_critics = num_critics
-        dims = [obs_dim + act_dim, *hidden_dims, num_atoms]
-        self.layers = nn.ModuleList(
-            EnsembleLinear(num_critics, d_in, d_out) for d_in, d_out in zip(dims[:-1], dims[1:], strict=True)
-        )
 
     def forward(self, obs: Tensor, action: Tensor) -> Tensor:
-        x = torch.cat([obs, action], dim=-1).expand(self.num_critics, -1, -1)
-        for layer in self.layers[:-1]:
-            x = torch.relu(layer(x))
-        return self.layers[-1](x)
+        return super().forward(torch.cat([obs, action], dim=-1).expand(self.num_critics, -1, -1))
 
 
 class SimbaV2CategoricalCritic(nn.Module):
@@ -107,15 +104,8 @@ class SimbaV2CategoricalCritic(nn.Module):
     The head's bias starts at zero, so every critic starts at the uniform distribution."""
 
     def __init__(
-        self,
-        obs_dim: int,
-        act_dim: int,
-        hidden_dim: int,
-        num_blocks: int,
-        num_atoms: int,
-        num_critics: int = 2,
-        *,
-        c_shift: float = 3.0,
+        self, obs_dim: int, act_dim: int, hidden_dim: int, num_blocks: int, num_atoms: int, num_critics: int = 2,
+        *, c_shift: float = 3.0,
     ) -> None:
         super().__init__()
         self.num_critics = num_critics

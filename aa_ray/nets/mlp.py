@@ -61,30 +61,40 @@ class EnsembleLayerNorm(nn.Module):
         return nn.functional.layer_norm(x, x.shape[-1:]) * self.weight + self.bias
 
 
-class EnsembleQ(nn.Module):
-    """`num_critics` Q(s, a) MLPs; forward returns Q values of shape (num_critics, batch).
+class EnsembleMLP(nn.Module):
+    """`num_members` ReLU MLPs of the same widths as one batched ensemble, (members, batch, in) ->
+    (members, batch, out). `layer_norm` adds LayerNorm after each hidden layer, which RLPD found
+    keeps Q values bounded when training on offline data the policy never visits."""
 
-    `layer_norm` adds LayerNorm after each hidden layer, which RLPD found keeps Q values bounded
-    when training on offline data the policy never visits."""
+    def __init__(
+        self, in_dim: int, hidden_dims: Sequence[int], out_dim: int, num_members: int, layer_norm: bool = False
+    ):
+        super().__init__()
+        dims = [in_dim, *hidden_dims, out_dim]
+        self.layers = nn.ModuleList(
+            EnsembleLinear(num_members, d_in, d_out) for d_in, d_out in zip(dims[:-1], dims[1:], strict=True)
+        )
+        self.norms = nn.ModuleList(
+            EnsembleLayerNorm(num_members, width) if layer_norm else nn.Identity() for width in hidden_dims
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        for layer, norm in zip(self.layers[:-1], self.norms, strict=True):
+            x = torch.relu(norm(layer(x)))
+        return self.layers[-1](x)
+
+
+class EnsembleQ(EnsembleMLP):
+    """`num_critics` Q(s, a) MLPs; forward returns Q values of shape (num_critics, batch)."""
 
     def __init__(
         self, obs_dim: int, act_dim: int, hidden_dims: Sequence[int], num_critics: int = 2, layer_norm: bool = False
     ):
-        super().__init__()
+        super().__init__(obs_dim + act_dim, hidden_dims, 1, num_critics, layer_norm)
         self.num_critics = num_critics
-        dims = [obs_dim + act_dim, *hidden_dims, 1]
-        self.layers = nn.ModuleList(
-            EnsembleLinear(num_critics, d_in, d_out) for d_in, d_out in zip(dims[:-1], dims[1:], strict=True)
-        )
-        self.norms = nn.ModuleList(
-            EnsembleLayerNorm(num_critics, width) if layer_norm else nn.Identity() for width in hidden_dims
-        )
 
     def forward(self, obs: Tensor, action: Tensor) -> Tensor:
-        x = torch.cat([obs, action], dim=-1).expand(self.num_critics, -1, -1)
-        for layer, norm in zip(self.layers[:-1], self.norms, strict=True):
-            x = torch.relu(norm(layer(x)))
-        return self.layers[-1](x).squeeze(-1)
+        return super().forward(torch.cat([obs, action], dim=-1).expand(self.num_critics, -1, -1)).squeeze(-1)
 
 
 class MLPValue(nn.Module):

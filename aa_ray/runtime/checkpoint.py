@@ -9,7 +9,9 @@ resume checks the pair before any actor starts.
 
 Format 2 adds the env runners' full state (envs, episode accumulators) and the driver's pending
 normalizer statistics, which a bit-exact resume needs; format-1 checkpoints still load (their
-runners restart their envs)."""
+runners restart their envs). Format 3 is format 2 with the knob names of the redesign (one scheme
+across algorithms); the stored spec of an older checkpoint is renamed on load
+(`aa_ray.algos.migrate_old_knobs`), its learner state needs no change."""
 
 from __future__ import annotations
 
@@ -21,11 +23,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from aa_ray.algos import ALGORITHMS, migrate_old_knobs
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import SpecError, flatten, spec_to_dict, spec_yaml, validate_spec
 
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 STATE_FILE, SPEC_FILE, REPLAY_FILE = "state.pt", "spec.yaml", "replay.parquet"
 
 # Sections that define what the networks and their data mean. A resumed run may change the
@@ -85,8 +88,25 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"checkpoint file {state_file} has format version {payload['format_version']!r}, "
             f"this aa-ray reads versions {', '.join(map(str, READABLE_VERSIONS))}; use the aa-ray that wrote it."
         )
+    if payload["format_version"] < 3:
+        _rename_old_knobs(payload)
     payload["folder"] = state_file.parent
     return payload
+
+
+def _rename_old_knobs(payload: dict[str, Any]) -> None:
+    """A checkpoint from before the knob redesign: its stored algo section in today's names, with
+    today's defaults for knobs that did not exist then (so it compares equal to a spec that means
+    the same run). A section that does not validate is left for the resume checks to name."""
+    stored = payload.get("spec")
+    algo = stored.get("algo") if isinstance(stored, dict) else None
+    if not isinstance(algo, dict) or algo.get("name") not in ALGORITHMS:
+        return
+    renamed = migrate_old_knobs(algo)
+    try:
+        stored["algo"] = ALGORITHMS[algo["name"]].config.model_validate(renamed).model_dump(mode="json")
+    except ValueError:
+        stored["algo"] = renamed
 
 
 def checkpoint_spec(payload: dict[str, Any]) -> ExperimentSpec:

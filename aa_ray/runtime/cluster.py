@@ -1,4 +1,5 @@
-"""Connecting to Ray and reserving a run's resources as one placement group."""
+"""Connecting to Ray and reserving a run's resources as one placement group (its bundles are
+`ExperimentSpec.bundles()`: the learners, then the env runners, then the replay actor)."""
 
 from __future__ import annotations
 
@@ -124,3 +125,11 @@ def placement(
 
 def in_bundle(group: PlacementGroup, index: int) -> PlacementGroupSchedulingStrategy:
     return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index)
+
+
+def bundle_node_ip(group: PlacementGroup, index: int) -> str:
+    """The IP address of the node that holds bundle `index` of a placed group (what
+    `ray.util.get_node_ip_address()` returns on that node)."""
+    node_id = ray.util.placement_group_table(group)["bundles_to_node_id"][index]
+    addresses = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]}
+    return addresses[node_id]

@@ -11,62 +11,17 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from aa_ray import metric_names as m
+from aa_ray import seeding
 from aa_ray.algos import build_policy
 from aa_ray.algos.knobs import return_moments
 from aa_ray.data import dataset as ds
 from aa_ray.data.scripted import scripted_controllers
+from aa_ray.envs import RENDER_BACKEND_ERRORS, SUCCESS_DISTANCE, env_kwargs, make_vector_env
 from aa_ray.runtime.env_state import pack, restore_vector_env, snapshot_vector_env, unpack
 from aa_ray.runtime.metrics import RunMetrics, run_tag
 from aa_ray.runtime.nstep import NStepWindow
 from aa_ray.spec.experiment import ExperimentSpec
-from aa_ray.spec.loader import SpecError
-
-
-def make_vector_env(spec: ExperimentSpec, num_envs: int, same_step_reset: bool = False) -> gym.vector.VectorEnv:
-    """E copies of the spec's env. By default a finished env resets on the *next* step (gymnasium's
-    default); `same_step_reset` resets it within the step that ended the episode and reports the
-    final observation in `info["final_obs"]`, which keeps on-policy rollouts free of reset rows."""
-    import aa_ray.envs  # noqa: F401  (registers aa_ray/PusherReach-v0 in this process)
-
-    kwargs = env_kwargs(spec)
-    if same_step_reset:
-        kwargs["vector_kwargs"] = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
-    # "sync" keeps the E copies in this actor's process: parallelism comes from more runners
-    return gym.make_vec(spec.env.id, num_envs=num_envs, vectorization_mode="sync", **kwargs)
-
-
-def env_kwargs(spec: ExperimentSpec) -> dict[str, Any]:
-    """Keyword arguments for gym.make(spec.env.id): the spec's kwargs and time-limit override."""
-    kwargs = dict(spec.env.kwargs)
-    if spec.env.max_episode_steps is not None:
-        kwargs["max_episode_steps"] = spec.env.max_episode_steps
-    return kwargs
-
-
-def env_dims(spec: ExperimentSpec) -> tuple[int, int]:
-    """(obs_dim, act_dim) of the spec's env, checked to be flat Box spaces. Builds the env once,
-    so a spec whose env cannot be made fails here, before any actor starts."""
-    try:
-        envs = make_vector_env(spec, 1)
-    except Exception as err:  # gymnasium raises whatever the env constructor raises
-        raise SpecError(
-            f"env: could not make {spec.env.id!r} with kwargs {spec.env.kwargs} "
-            f"({type(err).__name__}: {err}); check env.id and env.kwargs."
-        ) from None
-    try:
-        obs_space, act_space = envs.single_observation_space, envs.single_action_space
-    finally:
-        envs.close()
-    problem = None
-    if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1):
-        problem = f"observations must be a flat Box, got {obs_space}"
-    elif not (isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1):
-        problem = f"actions must be a flat continuous Box, got {act_space}"
-    elif not (np.all(np.isfinite(act_space.low)) and np.all(np.isfinite(act_space.high))):
-        problem = f"action bounds must be finite, got {act_space}"
-    if problem:
-        raise SpecError(f"env.id: {spec.env.id} cannot be used with these algorithms: {problem}.")
-    return obs_space.shape[0], act_space.shape[0]
 
 
 class EpisodeTracker:
@@ -155,12 +110,12 @@ class EnvRunner:
 
         self.policy = build_policy(spec.algo, obs_dim, act_dim)
         self.policy_version = -1
-        # a restarted runner (incarnation > 0) gets seeds of its own, not its predecessor's episodes
-        runner_seed = spec.seed * 1_000 + index + 1_000_000 * incarnation
-        self.rng = np.random.default_rng(runner_seed)  # warm-up actions
-        self.generator = torch.Generator().manual_seed(runner_seed)  # exploration noise
-        first_env_seed = runner_seed * self.num_envs
-        self.obs, _ = self.envs.reset(seed=[first_env_seed + i for i in range(self.num_envs)])
+        # a restarted runner (incarnation > 0) gets streams of its own, not its predecessor's episodes
+        self.incarnation = incarnation
+        self.rng = seeding.warm_up_rng(spec.seed, index, incarnation)
+        self.generator = torch.Generator().manual_seed(seeding.exploration_seed(spec.seed, index, incarnation))
+        self.env_seeds = seeding.train_env_seeds(spec.seed, index, incarnation, self.num_envs)
+        self.obs, _ = self.envs.reset(seed=self.env_seeds)
         self.autoreset = np.zeros(self.num_envs, dtype=bool)
         self.episodes = EpisodeTracker(self.num_envs)
         self.gamma = spec.algo.gamma
@@ -309,8 +264,8 @@ class EnvRunner:
             act = lambda obs: self.policy.act(obs, deterministic=deterministic, generator=self.generator)  # noqa: E731
         if self.recorder is None:
             envs = make_vector_env(self.spec, self.num_envs)
-            first_seed = 20_000_000 + (self.spec.seed * 1_000 + self.index) * self.num_envs
-            self.recorder = EpisodeRecorder(envs, seeds=[first_seed + i for i in range(self.num_envs)])
+            seeds = seeding.rollout_env_seeds(self.spec.seed, self.index, self.incarnation, self.num_envs)
+            self.recorder = EpisodeRecorder(envs, seeds=seeds)
         recorder = self.recorder
         while len(recorder.finished) < num_episodes:
             recorder.step(act(recorder.obs), self.to_env_action)
@@ -327,8 +282,7 @@ class EnvRunner:
         evaluation of a run faces the same starts and targets."""
         if self.eval_envs is None or self.eval_envs.num_envs != num_episodes:
             self.eval_envs = make_vector_env(self.spec, num_episodes)
-        eval_seed = 10_000_000 + self.spec.seed * 1_000
-        obs, _ = self.eval_envs.reset(seed=[eval_seed + i for i in range(num_episodes)])
+        obs, _ = self.eval_envs.reset(seed=seeding.eval_env_seeds(self.spec.seed, num_episodes))
         tracker = EpisodeTracker(num_episodes)
         finished = np.zeros(num_episodes, dtype=bool)
         results: list[dict[str, float] | None] = [None] * num_episodes
@@ -341,43 +295,52 @@ class EnvRunner:
                 results[i] = tracker.finished.pop(0)
             finished |= done
         out = {
-            "eval/return": float(np.mean([r["return"] for r in results])),
-            "eval/length": float(np.mean([r["length"] for r in results])),
+            m.EVAL_RETURN: float(np.mean([r["return"] for r in results])),
+            m.EVAL_LENGTH: float(np.mean([r["length"] for r in results])),
         }
         if "final_distance" in results[0]:
             distances = np.array([r["final_distance"] for r in results])
-            out["eval/distance"] = float(distances.mean())
-            out["eval/success"] = float(np.mean(distances < 0.05))
+            out[m.EVAL_DISTANCE] = float(distances.mean())
+            out[m.EVAL_SUCCESS] = float(np.mean(distances < SUCCESS_DISTANCE))
         return out
 
     def record_video(self, max_frames: int) -> tuple[bytes | None, str | None]:
         """The first evaluation episode (same seed, deterministic policy) rendered offscreen, as GIF
         bytes (the driver writes the file: this runner may be on another node). Returns (None,
-        reason) when this machine cannot render (no GL backend for MUJOCO_GL): training goes on."""
+        reason) when this machine cannot render (no GL backend for MUJOCO_GL): training goes on.
+        Only making the renderer is guarded; an error while acting or stepping is raised as it is."""
         from PIL import Image
 
         try:
             env = gym.make(self.spec.env.id, render_mode="rgb_array", **env_kwargs(self.spec))
+        except RENDER_BACKEND_ERRORS as err:
+            return None, self._no_video(err)
+        try:
+            obs, _ = env.reset(seed=seeding.video_seed(self.spec.seed))  # evaluate()'s first episode
             try:
-                obs, _ = env.reset(seed=10_000_000 + self.spec.seed * 1_000)  # evaluate()'s first episode
-                frames = [env.render()]
-                done = False
-                while not done and len(frames) < max_frames:
-                    action = self.policy.act(obs[None], deterministic=True)[0]
-                    obs, _, terminated, truncated, _ = env.step(self.to_env_action(action))
-                    frames.append(env.render())
-                    done = terminated or truncated
-                fps = env.metadata.get("render_fps") or 20
-            finally:
-                env.close()
-        except Exception as err:  # a missing GL library surfaces as ImportError, OSError, RuntimeError, ...
-            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-            return None, f"eval video skipped: cannot render {self.spec.env.id} offscreen ({reason}); " \
-                         f"install a GL backend and set MUJOCO_GL=egl or osmesa, or set eval.video: false"
+                frames = [env.render()]  # the first render creates the renderer and its GL context
+            except RENDER_BACKEND_ERRORS as err:
+                return None, self._no_video(err)
+            done = False
+            while not done and len(frames) < max_frames:
+                action = self.policy.act(obs[None], deterministic=True)[0]
+                obs, _, terminated, truncated, _ = env.step(self.to_env_action(action))
+                frames.append(env.render())
+                done = terminated or truncated
+            fps = env.metadata.get("render_fps") or 20
+        finally:
+            env.close()
         images = [Image.fromarray(frame) for frame in frames if frame is not None]
         buffer = io.BytesIO()
         images[0].save(buffer, format="GIF", save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
         return buffer.getvalue(), None
+
+    def _no_video(self, err: Exception) -> str:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        return (
+            f"eval video skipped: cannot render {self.spec.env.id} offscreen ({type(err).__name__}: {reason}); "
+            "install a GL backend and set MUJOCO_GL=egl or osmesa, or set eval.video: false"
+        )
 
     def state(self) -> dict[str, Any]:
         """Everything the next `sample`/`sample_rollout` depends on, as plain data for a checkpoint:

@@ -1,10 +1,14 @@
-"""Learner: owns the algorithm object and turns replay samples into updates and weights.
+"""Learner: owns one algorithm object and turns replay samples (or rollouts) into updates and
+versioned weights. A plain class: the driver wraps it in `ray.remote`, tests use it in-process,
+and it imports and runs where Ray is not installed.
 
-With `learners.num_learners: L > 1` there are L of these actors, one torch process group (gloo on
-the CPU, nccl on GPUs) and DDP inside the algorithm (see `aa_ray.ddp`). Setup follows the order
-that keeps the ranks identical: join the group, build modules and targets and optimizers (the
-algorithm wraps its online modules in DDP last), then copy rank 0's whole state to every rank.
-Each learner is given its own shard of every global batch; rank 0 reports metrics and weights.
+It talks to the algorithm only through `aa_ray.algos.contract.Algorithm`.
+
+With `learners.num_learners: L > 1` there are L learners, one torch process group (gloo on the
+CPU, nccl on GPUs) and DDP inside the algorithm (see `aa_ray.ddp`). Setup follows the order that
+keeps the ranks identical: join the group, build modules, targets and optimizers (the algorithm
+wraps its online modules in DDP last), then copy rank 0's whole state to every rank. Each learner
+is given its own shard of every global batch; rank 0 reports metrics and weights.
 """
 
 from __future__ import annotations
@@ -15,13 +19,14 @@ from datetime import timedelta
 from typing import Any
 
 import numpy as np
-import ray
 import torch
 import torch.distributed as dist
 
+from aa_ray import metric_names as m
+from aa_ray import seeding
 from aa_ray.algos import build_algorithm
 from aa_ray.algos.common import Batch
-from aa_ray.algos.knobs import GradientStep
+from aa_ray.algos.contract import Algorithm, diagnostics_to_floats
 from aa_ray.algos.ppo import Rollout
 from aa_ray.runtime.metrics import RunMetrics, run_tag
 from aa_ray.spec.experiment import ExperimentSpec
@@ -45,6 +50,11 @@ def collective_backend(spec: ExperimentSpec) -> str:
     return "nccl" if spec.learners.gpus_per_learner > 0 else "gloo"
 
 
+def planned_fleet_steps(spec: ExperimentSpec) -> int:
+    """Fleet steps the run will learn from: what learning-rate schedules run over."""
+    return spec.budget.env_steps // spec.transitions_per_fleet_step
+
+
 class Learner:
     def __init__(self, spec: ExperimentSpec, obs_dim: int, act_dim: int, rank: int = 0):
         torch.set_num_threads(spec.learners.torch_threads)
@@ -53,38 +63,47 @@ class Learner:
         self.device = learner_device(spec)
         self.weights_version = 0
         self.critic_updates = 0
-        self.algo: Any = None
+        self.algo: Algorithm | None = None  # built once this learner is in its process group
+        self.store: dist.TCPStore | None = None  # rank 0 serves the process group's rendezvous
         self.metrics = RunMetrics(run_tag(spec), rank=rank)
         if self.world_size == 1:
             self._build()
 
     # ---- several learners ----------------------------------------------------------------------
-    def rendezvous_address(self) -> str:
-        """Rank 0 publishes where the process group meets: this node's address and a free port."""
-        with socket.socket() as probe:
-            probe.bind(("", 0))
-            port = probe.getsockname()[1]
-        return f"{ray.util.get_node_ip_address()}:{port}"
+    def rendezvous_address(self, host: str) -> str:
+        """Rank 0 opens the process group's store on `host`, this node's own address, and returns
+        where it listens. The socket is bound once and handed to the store, so no other process
+        can take the port between choosing it and listening on it."""
+        listener = socket.create_server((host, 0))
+        port = listener.getsockname()[1]
+        self.store = dist.TCPStore(
+            host, port, self.world_size, is_master=True, master_listen_fd=listener.detach(),
+            wait_for_workers=False, timeout=timedelta(seconds=self.spec.learners.collective_timeout_s),
+        )
+        return f"{host}:{port}"
 
     def join(self, address: str) -> None:
         """Join the process group at `address` (blocks until all L learners have joined), then
         build the algorithm and take rank 0's state."""
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # nccl's object broadcast uses the current device
+        timeout = timedelta(seconds=self.spec.learners.collective_timeout_s)
+        if self.store is None:
+            host, port = address.rsplit(":", 1)
+            self.store = dist.TCPStore(host, int(port), self.world_size, is_master=False, timeout=timeout)
         dist.init_process_group(
-            collective_backend(self.spec),
-            init_method=f"tcp://{address}",
-            rank=self.rank,
-            world_size=self.world_size,
-            timeout=timedelta(seconds=self.spec.learners.collective_timeout_s),
+            collective_backend(self.spec), store=self.store, rank=self.rank, world_size=self.world_size,
+            timeout=timeout,
         )
         self._build()
         self._copy_rank0_state()
 
     def _build(self) -> None:
-        torch.manual_seed(self.spec.seed)  # the same on every rank: their sampling noise stays in lockstep
-        planned_steps = self.spec.budget.env_steps // self.spec.transitions_per_fleet_step
-        self.algo = build_algorithm(self.spec.algo, self.obs_dim, self.act_dim, self.device, planned_steps)
+        # the same seed on every rank: their sampling noise stays in lockstep
+        torch.manual_seed(seeding.learner_seed(self.spec.seed))
+        self.algo = build_algorithm(
+            self.spec.algo, self.obs_dim, self.act_dim, self.device, planned_fleet_steps(self.spec)
+        )
 
     def _copy_rank0_state(self) -> None:
         """Targets, normalizers and optimizer moments are not DDP's business: copy them all."""
@@ -102,22 +121,20 @@ class Learner:
         moments of the data added since the last call, merged into the normalizers here so they stay
         frozen during the updates (every rank merges the same list, so they agree)."""
         start = time.perf_counter()
-        for stats in norm_stats:
-            self.algo.policy.obs_norm.merge(*stats["obs"])
-            self.algo.reward_norm.merge(*stats["return"])
+        self._merge(norm_stats)
         batches = Batch.from_numpy(samples, self.device)
         utd = self.spec.algo.utd_ratio
-        fleet_steps = len(batches) // utd
-        info: dict[str, float] = {}
-        for step in range(fleet_steps):
-            stack = Batch(*(t[step * utd : (step + 1) * utd] for t in batches))
-            info = self.algo.update(stack, diagnostics=step == fleet_steps - 1)
+        if len(batches) % utd:
+            raise ValueError(
+                f"the learner was given {len(batches)} batches, not a whole number of fleet steps of "
+                f"algo.utd_ratio={utd} batches each; the replay sample must be train_every x utd_ratio batches"
+            )
+        diagnostics: dict[str, Any] = {}
+        for first in range(0, len(batches), utd):
+            diagnostics = self.algo.update(Batch(*(t[first : first + utd] for t in batches)))
         self.critic_updates += len(batches)
-        self.weights_version += 1
-        info["learner/update_time_s"] = time.perf_counter() - start
-        info |= self._skips()
-        self._record(len(batches), info)
-        info["learner/critic_updates"] = float(self.critic_updates)
+        info = self._finish(diagnostics, len(batches), start)
+        info[m.LEARNER_CRITIC_UPDATES] = float(self.critic_updates)
         return info
 
     def update_rollouts(self, norm_stats: list[dict], *rollouts: dict[str, Any]) -> dict[str, float]:
@@ -126,30 +143,37 @@ class Learner:
         update, so the update sees the observations exactly as the acting policy did."""
         start = time.perf_counter()
         columns = {key: np.concatenate([r[key] for r in rollouts], axis=1) for key in rollouts[0]}
-        share = columns["reward"].shape[1] // self.world_size
+        envs = columns["reward"].shape[1]
+        if envs % self.world_size:
+            raise ValueError(
+                f"{envs} envs do not split evenly over learners.num_learners={self.world_size}; "
+                "make runners.num_runners x runners.envs_per_runner a multiple of it"
+            )
+        share = envs // self.world_size
         mine = {key: value[:, self.rank * share : (self.rank + 1) * share] for key, value in columns.items()}
-        info = self.algo.update(Rollout.from_numpy(mine, self.device))
+        diagnostics = self.algo.update(Rollout.from_numpy(mine, self.device))
+        self._merge(norm_stats)
+        return self._finish(diagnostics, self.spec.algo.ppo_epochs * self.spec.algo.num_minibatches, start)
+
+    def _merge(self, norm_stats: list[dict]) -> None:
         for stats in norm_stats:
-            self.algo.policy.obs_norm.merge(*stats["obs"])
-            self.algo.reward_norm.merge(*stats["return"])
+            self.algo.merge_stats(stats["obs"], stats["return"])
+
+    def _finish(self, diagnostics: dict[str, Any], updates: int, start: float) -> dict[str, float]:
+        """The iteration's diagnostics, read on the host once, with the algorithm's health."""
+        info = diagnostics_to_floats(diagnostics)
+        health = self.algo.health()
         self.weights_version += 1
-        info["learner/update_time_s"] = time.perf_counter() - start
-        info |= self._skips()
-        self._record(self.spec.algo.ppo_epochs * self.spec.algo.num_minibatches, info)
-        return info
-
-    def _skips(self) -> dict[str, float]:
-        """Gradient steps skipped for a non-finite loss or gradient: in all, and the longest current
-        run of them (the algorithm's GradientSteps; PPO counts its minibatch steps itself)."""
-        steps = [part for part in vars(self.algo).values() if isinstance(part, GradientStep)]
-        skipped = sum(step.skipped for step in steps) + getattr(self.algo, "skipped", 0)
-        consecutive = max([step.consecutive_skips for step in steps] + [getattr(self.algo, "consecutive_skips", 0)])
-        return {"learner/skipped_updates": float(skipped), "learner/consecutive_skips": float(consecutive)}
-
-    def _record(self, updates: int, info: dict[str, float]) -> None:
+        info |= {
+            m.LEARNER_UPDATE_TIME_S: time.perf_counter() - start,
+            m.LEARNER_SKIPPED_UPDATES: float(health.skipped_updates),
+            m.LEARNER_CONSECUTIVE_SKIPS: float(health.consecutive_skips),
+            m.LEARNER_LARGEST_VALUE: float(health.largest_value),
+        }
         self.metrics.inc("aa_ray_learner_updates", updates)
-        self.metrics.set("aa_ray_learner_updates_per_s", updates / max(info["learner/update_time_s"], 1e-9))
+        self.metrics.set("aa_ray_learner_updates_per_s", updates / max(info[m.LEARNER_UPDATE_TIME_S], 1e-9))
         self.metrics.losses(info)
+        return info
 
     def policy_state(self) -> tuple[dict[str, torch.Tensor], int]:
         return self.algo.policy_state(), self.weights_version

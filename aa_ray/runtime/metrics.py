@@ -8,9 +8,8 @@ so the series count does not grow with a run's length: `run` (spec name and hash
 
 from __future__ import annotations
 
+import sys
 from typing import Any
-
-from ray.util import metrics
 
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import spec_hash
@@ -30,8 +29,6 @@ DEFINITIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "aa_ray_eval_return": ("gauge", "mean return of the last evaluation", ("run",)),
 }
 
-_KINDS = {"counter": metrics.Counter, "gauge": metrics.Gauge}
-
 
 def run_tag(spec: ExperimentSpec) -> str:
     """The `run` tag: what a run folder and MLflow run are named by, without the time."""
@@ -44,23 +41,29 @@ def prometheus_name(name: str) -> str:
 
 class RunMetrics:
     """The metrics one process records for one run. Create it in the process that records (an
-    actor's `__init__`); each call is a cheap in-process update that Ray exports periodically."""
+    actor's `__init__`); each call is a cheap in-process update that Ray exports periodically.
+
+    Outside a Ray process (a plain class used in a notebook, or on a machine without Ray) there is
+    no metrics agent to export to, and every call does nothing."""
 
     def __init__(self, run: str, **tags: Any):
         self.tags = {"run": run, **{key: str(value) for key, value in tags.items()}}
         self._metrics: dict[str, Any] = {}
+        self._ray_metrics = _ray_metrics_module()
 
     def _get(self, name: str) -> Any:
         if name not in self._metrics:
             kind, description, tag_keys = DEFINITIONS[name]
-            self._metrics[name] = _KINDS[kind](name, description=description, tag_keys=tag_keys)
+            make = self._ray_metrics.Counter if kind == "counter" else self._ray_metrics.Gauge
+            self._metrics[name] = make(name, description=description, tag_keys=tag_keys)
         return self._metrics[name]
 
     def set(self, name: str, value: float, **tags: str) -> None:
-        self._get(name).set(float(value), tags={**self.tags, **tags})
+        if self._ray_metrics is not None:
+            self._get(name).set(float(value), tags={**self.tags, **tags})
 
     def inc(self, name: str, value: float) -> None:
-        if value > 0:
+        if self._ray_metrics is not None and value > 0:
             self._get(name).inc(float(value), tags=self.tags)
 
     def losses(self, info: dict[str, float]) -> None:
@@ -68,3 +71,13 @@ class RunMetrics:
         for key, value in info.items():
             if key.endswith("loss"):
                 self.set("aa_ray_loss", value, loss=key)
+
+
+def _ray_metrics_module() -> Any:
+    """`ray.util.metrics` inside a process connected to Ray, None anywhere else."""
+    ray = sys.modules.get("ray")  # imported by whoever started this process as a Ray worker or driver
+    if ray is None or not ray.is_initialized():
+        return None
+    from ray.util import metrics
+
+    return metrics

@@ -11,7 +11,11 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-_SHOWN_LOSSES = ("critic/q_loss", "critic/q_value", "actor/loss", "actor/alpha", "actor/entropy")
+from aa_ray import metric_names as m
+
+_SHOWN_LOSSES = (m.CRITIC_Q_LOSS, m.CRITIC_Q_VALUE, m.ACTOR_LOSS, m.ACTOR_ALPHA, m.ACTOR_ENTROPY)
+_LINE = (m.ENV_STEPS_PER_S, m.LEARNER_UPDATES_PER_S, m.REPLAY_SIZE, m.TRAIN_EPISODE_RETURN, m.EVAL_RETURN,
+         m.EVAL_DISTANCE, *_SHOWN_LOSSES)
 
 
 class ProgressDisplay:
@@ -57,8 +61,7 @@ class ProgressDisplay:
 
     def _line(self, env_steps: int) -> str:
         parts = [f"[{self.title}] env_steps {env_steps:,}/{self.total:,}"]
-        for key in ("env/steps_per_s", "learner/updates_per_s", "replay/size", "train/episode_return",
-                    "eval/return", "eval/distance", *_SHOWN_LOSSES):
+        for key in _LINE:
             if key in self.status:
                 parts.append(f"{key} {self.status[key]:.4g}")
         return "  ".join(parts)
@@ -72,9 +75,9 @@ class ProgressDisplay:
             stats.add_column(column)
         fmt = lambda k, spec=".4g": f"{s[k]:{spec}}" if k in s else "-"  # noqa: E731
         stats.add_row(
-            f"env steps/s {fmt('env/steps_per_s', '.0f')}\nupdates/s {fmt('learner/updates_per_s', '.0f')}",
-            f"size {fmt('replay/size', ',.0f')}\nfill {fmt('replay/fill', '.0%')}",
-            f"return {fmt('eval/return')}\ndistance {fmt('eval/distance')}\nat step {fmt('eval/at_env_steps', ',.0f')}",
+            f"env steps/s {fmt(m.ENV_STEPS_PER_S, '.0f')}\nupdates/s {fmt(m.LEARNER_UPDATES_PER_S, '.0f')}",
+            f"size {fmt(m.REPLAY_SIZE, ',.0f')}\nfill {fmt(m.REPLAY_FILL, '.0%')}",
+            f"return {fmt(m.EVAL_RETURN)}\ndistance {fmt(m.EVAL_DISTANCE)}\nat step {fmt(m.EVAL_AT_ENV_STEPS, ',.0f')}",
             "\n".join(f"{k} {fmt(k)}" for k in _SHOWN_LOSSES),
         )
         grid.add_row(stats)

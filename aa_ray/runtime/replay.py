@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from aa_ray import seeding
 from aa_ray.algos.knobs import prior_rows  # the one definition, shared with the algorithms' diagnostics
 from aa_ray.data import dataset as ds
 from aa_ray.runtime.metrics import RunMetrics
@@ -32,6 +33,7 @@ class ReplayBuffer:
     """
 
     def __init__(self, capacity: int, obs_dim: int, act_dim: int, seed: int, run: str | None = None):
+        """`seed` is the spec's seed: the buffer samples from its own stream of it (`seeding.replay_rng`)."""
         self.capacity = capacity
         self.obs_dim, self.act_dim = obs_dim, act_dim
         self.storage = {
@@ -46,7 +48,8 @@ class ReplayBuffer:
         self.cursor = 0  # next write position
         self.size = 0
         self.total_added = 0
-        self.rng = np.random.default_rng(seed)
+        self.seed = seed
+        self.rng = seeding.replay_rng(seed)
         self.prior: ReplayBuffer | None = None
         self.prior_ratio = 0.0
         self.metrics = RunMetrics(run) if run else None  # Ray metrics, when the buffer is a run's actor
@@ -100,7 +103,8 @@ class ReplayBuffer:
         buffer, streaming it batch by batch. Its 1-step rows get discount = gamma. Returns the row
         count and the moments of its observations (for the observation normalizer)."""
         dataset = ds.read_dataset(path, expect_env_id=env_id, expect_obs_dim=self.obs_dim, expect_act_dim=self.act_dim)
-        self.prior = ReplayBuffer(dataset.num_rows, self.obs_dim, self.act_dim, seed=0)
+        # the prior buffer is drawn from with this buffer's generator (see `sample`), never its own
+        self.prior = ReplayBuffer(dataset.num_rows, self.obs_dim, self.act_dim, seed=self.seed)
         self.prior_ratio = ratio
         total, total_sq = np.zeros(self.obs_dim), np.zeros(self.obs_dim)
         for batch in dataset.iter_batches():

@@ -35,15 +35,17 @@ class EnvSpec(SpecModel):
         import gymnasium as gym
 
         try:
-            import aa_ray.envs  # noqa: F401  (registers aa_ray/PusherReach-v0; imports MuJoCo)
-        except Exception as err:  # MuJoCo loads the GL backend MUJOCO_GL names at import
+            import mujoco  # noqa: F401  (loads the GL backend MUJOCO_GL names, at import)
+        except Exception as err:  # a missing GL library surfaces as ImportError, AttributeError, RuntimeError, ...
             backend = os.environ.get("MUJOCO_GL")
             hint = (
                 f"MUJOCO_GL={backend} is set but MuJoCo cannot load that GL backend: install it, pick another "
                 "(egl, osmesa), or unset MUJOCO_GL (training renders nothing)"
                 if backend else "check the MuJoCo installation"
             )
-            raise ValueError(f"cannot import the MuJoCo envs ({type(err).__name__}: {err}); {hint}") from None
+            raise ValueError(f"cannot import MuJoCo ({type(err).__name__}: {err}); {hint}") from err
+        # MuJoCo loaded: an error from here on is a bug in aa_ray.envs and is raised as itself
+        import aa_ray.envs  # noqa: F401  (registers aa_ray/PusherReach-v0)
 
         if env_id not in gym.registry:
             close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.5)
@@ -142,7 +144,9 @@ class RuntimeSpec(SpecModel):
 
 class ExperimentSpec(SpecModel):
     name: str = Field(min_length=1, description="human name of the experiment")
-    seed: NonNegativeInt = Field(0, description="seeds envs, replay sampling and network init")
+    seed: NonNegativeInt = Field(
+        0, description="the root of every random stream (aa_ray.seeding): envs, exploration, replay, network init"
+    )
     env: EnvSpec
     algo: AlgoConfig
     budget: BudgetSpec

@@ -12,17 +12,20 @@ from __future__ import annotations
 import random
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 import mlflow
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, Param, Run, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from sqlalchemy.exc import SQLAlchemyError
 
 from aa_ray.spec.experiment import ExperimentSpec
-from aa_ray.spec.loader import flatten, spec_hash, spec_to_dict
+from aa_ray.spec.loader import SpecError, flatten, spec_hash, spec_to_dict
 
 _MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch call
 _MAX_PARAMS = 100  # and of params per call
@@ -30,6 +33,31 @@ _LOCK_WAIT_S = 120.0  # give up on a locked SQLite store after this long
 PARENT_TAG = "mlflow.parentRunId"  # the tag the MLflow UI nests runs by
 
 T = TypeVar("T")
+
+# what a store that cannot be opened or written raises: MLflow's own errors (an unsupported URI
+# scheme, a read-only database), the file system's (a folder that cannot be made), SQLAlchemy's
+_STORE_ERRORS = (MlflowException, OSError, SQLAlchemyError)
+
+
+class TrackingError(SpecError):
+    """The MLflow store at the tracking URI cannot be used. A SpecError: every command reports it
+    as one paragraph, like any other setting a run cannot start with."""
+
+
+@contextmanager
+def opening_store(uri: str) -> Iterator[None]:
+    """Turn a store that cannot be opened or written at start-up into one TrackingError naming the
+    URI (the store's own error stays attached as the cause, with its traceback)."""
+    try:
+        yield
+    except _STORE_ERRORS as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise TrackingError(
+            f"MLflow tracking URI {uri!r}: cannot record the run there ({type(err).__name__}: {reason[:300]}). "
+            "Set MLFLOW_TRACKING_URI to a store this process can write, e.g. sqlite:///mlflow.db in a writable "
+            "folder or http://<host>:5000 for a tracking server, or run without tracking "
+            "(--no-track, or tracking.enabled: false in the spec)."
+        ) from err
 
 
 @dataclass(frozen=True)
@@ -75,9 +103,37 @@ def start_run(client: MlflowClient, experiment: str, tags: dict[str, str]) -> st
     else:
         try:
             experiment_id = retry_locked(lambda: client.create_experiment(experiment))
-        except Exception:  # another trial created it first
-            experiment_id = retry_locked(lambda: client.get_experiment_by_name(experiment)).experiment_id
+        except MlflowException:
+            # another trial may have created it first; if not, the store refused the write
+            found = retry_locked(lambda: client.get_experiment_by_name(experiment))
+            if found is None:
+                raise
+            experiment_id = found.experiment_id
     return retry_locked(lambda: client.create_run(experiment_id, tags=tags)).info.run_id
+
+
+def log_in_batches(
+    client: MlflowClient, run_id: str, metrics: Sequence[Metric] = (), params: Sequence[Param] = ()
+) -> None:
+    """Log any number of metrics and params, in calls within MLflow's per-call limits."""
+    for i in range(0, len(params), _MAX_PARAMS):
+        retry_locked(lambda chunk=params[i : i + _MAX_PARAMS]: client.log_batch(run_id, params=list(chunk)))
+    for i in range(0, len(metrics), _MAX_BATCH):
+        retry_locked(lambda chunk=metrics[i : i + _MAX_BATCH]: client.log_batch(run_id, metrics=list(chunk)))
+
+
+def search_all_runs(client: MlflowClient, experiment_ids: list[str], filter_string: str = "") -> list[Run]:
+    """Every matching run, page by page (one search returns at most 1000 runs)."""
+    runs: list[Run] = []
+    token = None
+    while True:
+        page = retry_locked(lambda token=token: client.search_runs(
+            experiment_ids, filter_string, max_results=_MAX_BATCH, page_token=token
+        ))
+        runs += page
+        token = page.token
+        if not token:
+            return runs
 
 
 def git_commit() -> str | None:
@@ -94,15 +150,18 @@ def git_commit() -> str | None:
 class MlflowTracker:
     def __init__(self, spec: ExperimentSpec, run_id: str | None = None, context: RunContext | None = None):
         context = context or RunContext()
-        self.client = MlflowClient(tracking_uri=context.tracking_uri or mlflow.get_tracking_uri())
         self.flush_every_s = spec.tracking.flush_every_s
         self.pending: list[Metric] = []
         self.last_flush = time.monotonic()
-        run_id = run_id or context.run_id
+        uri = context.tracking_uri or mlflow.get_tracking_uri()
+        with opening_store(uri):
+            self.client = MlflowClient(tracking_uri=uri)
+            self.run_id = self._open_run(spec, run_id or context.run_id, context)
+
+    def _open_run(self, spec: ExperimentSpec, run_id: str | None, context: RunContext) -> str:
         if run_id is not None:  # resuming: keep writing into the same run
-            self.run_id = run_id
             retry_locked(lambda: self.client.update_run(run_id, status="RUNNING"))
-            return
+            return run_id
         tags = {
             "algo": spec.algo.name,
             "env": spec.env.id,
@@ -115,10 +174,10 @@ class MlflowTracker:
         commit = git_commit()
         if commit:
             tags["git_commit"] = commit
-        self.run_id = start_run(self.client, spec.tracking.experiment, tags)
+        run_id = start_run(self.client, spec.tracking.experiment, tags)
         params = [Param(k, str(v)[:6000]) for k, v in flatten(spec_to_dict(spec)).items()]
-        for i in range(0, len(params), _MAX_PARAMS):
-            retry_locked(lambda chunk=params[i : i + _MAX_PARAMS]: self.client.log_batch(self.run_id, params=chunk))
+        log_in_batches(self.client, run_id, params=params)
+        return run_id
 
     @property
     def uri(self) -> str:
@@ -131,9 +190,7 @@ class MlflowTracker:
             self.flush()
 
     def flush(self) -> None:
-        for i in range(0, len(self.pending), _MAX_BATCH):
-            chunk = self.pending[i : i + _MAX_BATCH]
-            retry_locked(lambda chunk=chunk: self.client.log_batch(self.run_id, metrics=chunk))
+        log_in_batches(self.client, self.run_id, metrics=self.pending)
         self.pending = []
         self.last_flush = time.monotonic()
 

@@ -22,7 +22,8 @@ import numpy as np
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from aa_ray.tracking.mlflow_tracker import PARENT_TAG, resolved_tracking_uri
+from aa_ray import metric_names
+from aa_ray.tracking.mlflow_tracker import PARENT_TAG, resolved_tracking_uri, search_all_runs
 
 IGNORED_PARAMS = ("seed", "runtime.output_dir", "name")  # differ between seeds, not configurations
 GRID_POINTS = 200
@@ -52,13 +53,13 @@ def select_runs(client: MlflowClient, experiment: str | None, parent: str | None
         return [client.get_run(run_id) for run_id in run_ids]
     if parent:
         experiment_id = client.get_run(parent).info.experiment_id
-        return client.search_runs([experiment_id], filter_string=f"tags.`{PARENT_TAG}` = '{parent}'")
+        return search_all_runs(client, [experiment_id], f"tags.`{PARENT_TAG}` = '{parent}'")
     name = experiment or "aa-ray"
     found = client.get_experiment_by_name(name)
     if found is None:
         raise ReportError(f"MLflow has no experiment {name!r} at {client.tracking_uri} (set MLFLOW_TRACKING_URI "
                           "to the store your runs are in, or pass --experiment)")
-    runs = client.search_runs([found.experiment_id])
+    runs = search_all_runs(client, [found.experiment_id])
     return [run for run in runs if "aa_ray.kind" not in run.data.tags]  # training runs, not sweep parents
 
 
@@ -120,7 +121,7 @@ def summary_rows(client: MlflowClient, groups: list[Group], threshold: float | N
             row["reached"] = f"{len(solved)}/{len(steps)}"
         rates = []
         for run in group.runs:
-            history = client.get_metric_history(run.info.run_id, "env/steps_per_s")
+            history = client.get_metric_history(run.info.run_id, metric_names.ENV_STEPS_PER_S)
             if history:
                 rates.append(float(np.mean([m.value for m in history])))
         row["env_steps_per_s"] = float(np.median(rates)) if rates else None
@@ -184,7 +185,7 @@ def _fmt(value: Any) -> str:
 
 
 def make_report(
-    out: Path, metric: str = "eval/return", experiment: str | None = None, parent: str | None = None,
+    out: Path, metric: str = metric_names.EVAL_RETURN, experiment: str | None = None, parent: str | None = None,
     run_ids: list[str] | None = None, threshold: float | None = None, mode: str = "max",
     tracking_uri: str | None = None,
 ) -> dict[str, Any]:

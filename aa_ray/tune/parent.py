@@ -11,7 +11,15 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from aa_ray.spec.loader import SpecError, set_values
-from aa_ray.tracking.mlflow_tracker import PARENT_TAG, resolved_tracking_uri, retry_locked, start_run
+from aa_ray.tracking.mlflow_tracker import (
+    PARENT_TAG,
+    log_in_batches,
+    opening_store,
+    resolved_tracking_uri,
+    retry_locked,
+    search_all_runs,
+    start_run,
+)
 
 KIND_TAG = "aa_ray.kind"  # "sweep" or "pipeline" on the parent run
 
@@ -49,12 +57,13 @@ class ParentRun:
 
     def __init__(self, experiment: str, kind: str, name: str, run_name: str, tags: dict[str, str] | None = None):
         self.uri = resolved_tracking_uri()
-        self.client = MlflowClient(tracking_uri=self.uri)
         self.experiment, self.kind, self.name = experiment, kind, name
         self.tags = {f"aa_ray.{kind}": name}  # on the parent and every child
         parent_tags = {**self.tags, KIND_TAG: kind, "mlflow.runName": run_name, **(tags or {})}
-        self.run_id = start_run(self.client, experiment, parent_tags)
-        self.experiment_id = self.client.get_run(self.run_id).info.experiment_id
+        with opening_store(self.uri):
+            self.client = MlflowClient(tracking_uri=self.uri)
+            self.run_id = start_run(self.client, experiment, parent_tags)
+            self.experiment_id = self.client.get_run(self.run_id).info.experiment_id
 
     def child_tracking(self, run_name: str, tags: dict[str, str]) -> dict[str, Any]:
         """What a trial needs to record itself as a child of this run (plain data, sent to Tune)."""
@@ -64,13 +73,12 @@ class ParentRun:
         }
 
     def children(self) -> list[Any]:
-        return retry_locked(lambda: self.client.search_runs(
-            [self.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = '{self.run_id}'"
-        ))
+        return search_all_runs(self.client, [self.experiment_id], f"tags.`{PARENT_TAG}` = '{self.run_id}'")
 
     def copy_child(self, source_run_id: str, run_name: str, tags: dict[str, str]) -> str:
-        """A child run standing for a reused result: the source run's params and latest metrics,
-        tagged with where they came from, so this invocation's compare view still lines it up."""
+        """A child run standing for a reused result: the source run's params and the latest value of
+        every metric (however many), tagged with where they came from, so this invocation's compare
+        view still lines it up."""
         source = self.client.get_run(source_run_id)
         run_id = start_run(self.client, self.experiment, {
             **self.tags, **tags, PARENT_TAG: self.run_id, "mlflow.runName": run_name,
@@ -78,9 +86,7 @@ class ParentRun:
         })
         params = [Param(k, v) for k, v in source.data.params.items()]
         metrics = [Metric(k, v, 0, 0) for k, v in source.data.metrics.items()]
-        for i in range(0, max(len(params), 1), 100):
-            retry_locked(lambda i=i: self.client.log_batch(run_id, params=params[i : i + 100]))
-        retry_locked(lambda: self.client.log_batch(run_id, metrics=metrics[:1000]))
+        log_in_batches(self.client, run_id, metrics=metrics, params=params)
         retry_locked(lambda: self.client.set_terminated(run_id))
         return run_id
 

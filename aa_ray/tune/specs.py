@@ -10,16 +10,17 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, ValidationError, model_validator
 
+from aa_ray import metric_names as m
 from aa_ray.spec.base import SpecModel
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import SpecError, format_validation_error, read_yaml, set_values, validate_spec
 
-# What trials report and a sweep may optimize (eval/distance and eval/success exist on pusher-reach).
 STORAGE_HELP = (
     "where Tune keeps trial state and checkpoints: a path every node mounts or a URI (s3://, gs://); "
     "default <runtime.output_dir>/tune, which only a single-node cluster can use"
 )
-SWEEP_METRICS = ("eval/return", "eval/distance", "eval/success", "eval/length", "train/episode_return")
+# What trials report and a sweep may optimize (eval/distance and eval/success exist on pusher-reach).
+SWEEP_METRICS = (m.EVAL_RETURN, m.EVAL_DISTANCE, m.EVAL_SUCCESS, m.EVAL_LENGTH, m.TRAIN_EPISODE_RETURN)
 
 
 # ---- sweeps ------------------------------------------------------------------------------------
@@ -67,7 +68,7 @@ class SweepSpec(SpecModel):
     base: str = Field(description="the experiment spec every trial starts from (relative to this file)")
     set: dict[str, Any] = Field(default_factory=dict, description="dotted overrides of the base for all trials")
     search_space: dict[str, Domain] = Field(min_length=1, description="dotted spec key -> domain")
-    metric: Literal[SWEEP_METRICS] = Field("eval/return", description="what ranks the trials (last report)")
+    metric: Literal[SWEEP_METRICS] = Field(m.EVAL_RETURN, description="what ranks the trials (last report)")
     mode: Literal["max", "min"] = "max"
     num_samples: PositiveInt = Field(1, description="samples of the space (each repeats the whole grid)")
     max_concurrent_trials: PositiveInt = Field(1, description="trials running at once")

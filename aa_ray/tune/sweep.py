@@ -12,6 +12,7 @@ from typing import Any
 
 from ray import tune
 
+from aa_ray import metric_names as m
 from aa_ray.spec.loader import set_values, validate_spec
 from aa_ray.tune.parent import ParentRun, absolute_paths, tune_storage
 from aa_ray.tune.specs import Sweep
@@ -123,7 +124,7 @@ def _scheduler(sweep: Sweep) -> Any:
     from ray.tune.schedulers import ASHAScheduler
 
     budget = validate_spec(sweep.base_raw).budget.env_steps
-    return ASHAScheduler(time_attr="env/steps", max_t=budget, grace_period=spec.asha.grace_period,
+    return ASHAScheduler(time_attr=m.ENV_STEPS, max_t=budget, grace_period=spec.asha.grace_period,
                          reduction_factor=spec.asha.reduction_factor)
 
 
@@ -142,9 +143,9 @@ def _row(result: Any, metric: str) -> dict[str, Any]:
         "trial_id": metrics.get("trial_id") or Path(result.path).name,
         "params": config.get("params", {}),
         "metric": metrics.get(metric),
-        "env_steps": metrics.get("env/steps"),
+        "env_steps": metrics.get(m.ENV_STEPS),
         "resumed": bool(metrics.get("resumed", 0.0)),
-        "finished": bool(metrics.get("run/finished", 0.0)),  # else a scheduler (ASHA) stopped it early
+        "finished": bool(metrics.get(m.RUN_FINISHED, 0.0)),  # else a scheduler (ASHA) stopped it early
         "error": None if result.error is None else str(result.error).splitlines()[0][:300],
     }
 

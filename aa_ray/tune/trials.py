@@ -1,7 +1,7 @@
 """Tune trainables. A trial is one whole actor graph: its placement group holds a bundle for the
-trial's driver (this function) followed by the experiment spec's own bundles, and the Trainer puts
-its actors into those (`aa_ray.runtime.cluster.placement`), so Tune never oversubscribes the
-cluster. A trial reports every evaluation and checkpoint to Tune; a retried trial resumes from its
+trial's driver (this function) followed by the experiment spec's own bundles, and the trainer's
+`ActorGraph` puts its actors into those (`aa_ray.runtime.cluster.placement`), so Tune never
+oversubscribes the cluster. A trial reports every evaluation and checkpoint to Tune; a retried trial resumes from its
 last checkpoint and keeps writing into the same MLflow run."""
 
 from __future__ import annotations

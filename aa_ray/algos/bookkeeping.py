@@ -1,0 +1,70 @@
+"""The contract's methods that are bookkeeping, not learning: merging the runners' statistics into
+the normalizers, health, the acting policy's weights, and checkpoints. They follow from what an
+algorithm class declares, so each variant file holds only its networks and its update.
+
+`Bookkeeping` has no math and is not an algorithm: algorithm classes use it and subclass nothing
+else (none subclasses another algorithm).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from aa_ray.algos.common import tensors_to_cpu
+from aa_ray.algos.contract import Health, ObsMoments, ReturnMoments
+from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, RewardNormalizer
+
+
+def save_parts(parts: Mapping[str, Any]) -> dict[str, Any]:
+    """Each part's state under its checkpoint key: a module's, a GradientStep's or a schedule's
+    `state_dict()`, or a plain tensor (SAC's log-temperature) itself."""
+    return {name: part.detach() if isinstance(part, Tensor) else part.state_dict() for name, part in parts.items()}
+
+
+def load_parts(parts: Mapping[str, Any], state: Mapping[str, Any]) -> None:
+    for name, part in parts.items():
+        if isinstance(part, LinearLRSchedule) and name not in state:
+            continue  # checkpoints from before every variant had a schedule: the start of it
+        if isinstance(part, Tensor):
+            with torch.no_grad():
+                part.copy_(state[name])
+        else:
+            part.load_state_dict(state[name])
+
+
+class Bookkeeping:
+    """merge_stats, health, policy_state, state_dict and load_state_dict from `parts()` (checkpoint
+    key -> module, GradientStep, schedule or tensor) and the attributes `policy` (with its
+    `obs_norm`), `reward_norm` and `largest_value` (|Q| or |V| of the last update, a tensor)."""
+
+    policy: nn.Module
+    reward_norm: RewardNormalizer
+    largest_value: Tensor
+
+    def parts(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def merge_stats(self, obs: ObsMoments, returns: ReturnMoments) -> None:
+        self.policy.obs_norm.merge(*obs)
+        self.reward_norm.merge(*returns)
+
+    def health(self) -> Health:
+        steps = [part for part in self.parts().values() if isinstance(part, GradientStep)]
+        return Health(
+            skipped_updates=sum(step.skipped for step in steps),
+            consecutive_skips=max((step.consecutive_skips for step in steps), default=0),
+            largest_value=float(self.largest_value),
+        )
+
+    def policy_state(self) -> dict[str, Tensor]:
+        return tensors_to_cpu(self.policy.state_dict())
+
+    def state_dict(self) -> dict[str, Any]:
+        return save_parts(self.parts())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        load_parts(self.parts(), state)

@@ -1,0 +1,68 @@
+"""Building a spec's env: the vector env the runners step, its dims, and what offscreen rendering raises."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+import mujoco
+import numpy as np
+
+from aa_ray.spec.loader import SpecError
+
+if TYPE_CHECKING:
+    from aa_ray.spec.experiment import ExperimentSpec
+
+# What creating a renderer or its GL context raises on a machine that cannot render offscreen:
+# MuJoCo without a GL context (FatalError), a GL library that does not load (ImportError, OSError),
+# an EGL/OSMesa context that cannot be made or no backend at all (RuntimeError), pygame missing
+# for the classic-control envs (DependencyNotInstalled).
+RENDER_BACKEND_ERRORS: tuple[type[Exception], ...] = (
+    mujoco.FatalError, ImportError, OSError, RuntimeError, gym.error.DependencyNotInstalled,
+)
+
+
+def env_kwargs(spec: ExperimentSpec) -> dict[str, Any]:
+    """Keyword arguments for gym.make(spec.env.id): the spec's kwargs and time-limit override."""
+    kwargs = dict(spec.env.kwargs)
+    if spec.env.max_episode_steps is not None:
+        kwargs["max_episode_steps"] = spec.env.max_episode_steps
+    return kwargs
+
+
+def make_vector_env(spec: ExperimentSpec, num_envs: int, same_step_reset: bool = False) -> gym.vector.VectorEnv:
+    """E copies of the spec's env. By default a finished env resets on the *next* step (gymnasium's
+    default); `same_step_reset` resets it within the step that ended the episode and reports the
+    final observation in `info["final_obs"]`, which keeps on-policy rollouts free of reset rows."""
+    kwargs = env_kwargs(spec)
+    if same_step_reset:
+        kwargs["vector_kwargs"] = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+    # "sync" keeps the E copies in this actor's process: parallelism comes from more runners
+    return gym.make_vec(spec.env.id, num_envs=num_envs, vectorization_mode="sync", **kwargs)
+
+
+def env_dims(spec: ExperimentSpec) -> tuple[int, int]:
+    """(obs_dim, act_dim) of the spec's env, checked to be flat Box spaces. Builds the env once,
+    so a spec whose env cannot be made fails here, before any actor starts."""
+    try:
+        envs = make_vector_env(spec, 1)
+    except Exception as err:  # gymnasium raises whatever the env constructor raises
+        # the message is for the user; the cause keeps the constructor's traceback for a developer
+        raise SpecError(
+            f"env: could not make {spec.env.id!r} with kwargs {spec.env.kwargs} "
+            f"({type(err).__name__}: {err}); check env.id and env.kwargs."
+        ) from err
+    try:
+        obs_space, act_space = envs.single_observation_space, envs.single_action_space
+    finally:
+        envs.close()
+    problem = None
+    if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1):
+        problem = f"observations must be a flat Box, got {obs_space}"
+    elif not (isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1):
+        problem = f"actions must be a flat continuous Box, got {act_space}"
+    elif not (np.all(np.isfinite(act_space.low)) and np.all(np.isfinite(act_space.high))):
+        problem = f"action bounds must be finite, got {act_space}"
+    if problem:
+        raise SpecError(f"env.id: {spec.env.id} cannot be used with these algorithms: {problem}.")
+    return obs_space.shape[0], act_space.shape[0]

@@ -1,0 +1,54 @@
+"""Metric names that code reads back (the driver, Tune, reports, the progress line). Algorithms
+log more diagnostics under the same `section/name` scheme (`critic/q_loss`, `actor/alpha`, ...);
+only the names something depends on live here."""
+
+# counters and throughput (the driver)
+ENV_STEPS = "env/steps"  # Tune's and the reports' time axis
+ENV_EPISODES = "env/episodes"
+ENV_STEPS_PER_S = "env/steps_per_s"
+TRAIN_EPISODE_RETURN = "train/episode_return"
+TRAIN_FINAL_DISTANCE = "train/final_distance"
+RUN_FINISHED = "run/finished"
+
+# evaluation (env runners)
+EVAL_RETURN = "eval/return"
+EVAL_LENGTH = "eval/length"
+EVAL_DISTANCE = "eval/distance"
+EVAL_SUCCESS = "eval/success"
+EVAL_AT_ENV_STEPS = "eval/at_env_steps"
+
+# replay
+REPLAY_SIZE = "replay/size"
+REPLAY_FILL = "replay/fill"
+REPLAY_PRIOR_SIZE = "replay/prior_size"
+
+# learner (the learner and the driver's health checks)
+LEARNER_UPDATE_TIME_S = "learner/update_time_s"
+LEARNER_UPDATES_PER_S = "learner/updates_per_s"
+LEARNER_CRITIC_UPDATES = "learner/critic_updates"
+LEARNER_SKIPPED_UPDATES = "learner/skipped_updates"
+LEARNER_CONSECUTIVE_SKIPS = "learner/consecutive_skips"
+LEARNER_LARGEST_VALUE = "learner/largest_value"  # largest |Q| (or |V|) of the last update
+LEARNER_Q_EXPLODING = "learner/q_exploding"
+
+# runtime (async mode and fault recovery)
+RUNTIME_POLICY_LAG_MEAN = "runtime/policy_lag_mean"
+RUNTIME_POLICY_LAG_MAX = "runtime/policy_lag_max"
+RUNTIME_POLICY_VERSION = "runtime/policy_version"
+RUNTIME_UPDATES_PER_FLEET_STEP = "runtime/updates_per_fleet_step"
+RUNTIME_RUNNER_RESTARTS = "runtime/runner_restarts"
+RUNTIME_GRAPH_RESTARTS = "runtime/graph_restarts"
+
+# algorithm diagnostics the progress line shows (each algorithm logs the ones it has)
+CRITIC_Q_LOSS = "critic/q_loss"
+CRITIC_Q_VALUE = "critic/q_value"
+CRITIC_Q_MAX = "critic/q_max"
+ACTOR_LOSS = "actor/loss"
+ACTOR_ALPHA = "actor/alpha"
+ACTOR_ENTROPY = "actor/entropy"
+
+# RLPD: every off-policy algorithm trained with algo.prior_data logs these
+CRITIC_PRIOR_Q = "critic/prior_q"
+CRITIC_ONLINE_Q = "critic/online_q"
+CRITIC_PRIOR_ONLINE_Q_GAP = "critic/prior_online_q_gap"
+RLPD_DIAGNOSTICS = (CRITIC_PRIOR_Q, CRITIC_ONLINE_Q, CRITIC_PRIOR_ONLINE_Q_GAP)

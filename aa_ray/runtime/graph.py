@@ -1,0 +1,256 @@
+"""The actor graph: one run's learners, env runners and replay actor, in its placement group.
+
+Each actor is a thin Ray shell, `ray.remote(PlainClass).options(...)`, around a plain class that
+tests use in-process (`Learner`, `EnvRunner`, `ReplayBuffer`). The group's bundles are
+`spec.bundles()` in order: L learners, R runners, then the replay actor (off-policy only).
+
+Data never passes through the driver: transitions go runner -> replay and replay -> learners,
+weights learner 0 -> runners, all as object refs. Every call is coarse (one per actor per
+iteration). Ray runs each actor's calls in the order they were submitted, which is what keeps
+sync mode reproducible for a fixed seed.
+
+With several learners, learner 0 opens the torch process group's rendezvous on its own node's
+address and every learner joins it; each is then given its own shard of every global batch.
+
+Faults: a runner that died or raised is replaced in its own bundle by a new incarnation (fresh
+seeds, so it does not replay its predecessor's episodes); a dead learner or replay actor means
+rebuilding the whole graph (`rebuild`), after which the trainer loads the last checkpoint into it.
+
+RLPD (`algo.prior_data` set): the replay actor loads the dataset into its prior buffer, and every
+batch it samples is `[prior rows | online rows]` at `algo.prior_data_ratio`; the dataset's
+observations seed the observation normalizer's statistics (`queue_prior_stats`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import ray
+
+from aa_ray.runtime import cluster
+from aa_ray.runtime.checkpoint import REPLAY_FILE
+from aa_ray.runtime.env_runner import EnvRunner
+from aa_ray.runtime.learner import Learner
+from aa_ray.runtime.metrics import run_tag
+from aa_ray.runtime.remote import ActorLost, LearnerFailed, TrainingError, get_results
+from aa_ray.runtime.replay import ReplayBuffer
+from aa_ray.spec.experiment import ExperimentSpec
+
+# a dataset's observation moments join the normalizer like a runner's; its returns do not
+_NO_RETURNS = (0, 0.0, 1.0, 0.0)
+
+
+class RunnerRestart(NamedTuple):
+    runner: int
+    reason: str
+    restarts: int  # the run's runner restarts so far, this one included
+
+
+def update_batches(spec: ExperimentSpec) -> int:
+    """Replay batches one learner iteration trains on: `train_every` fleet steps of `utd_ratio`
+    batches each (the update-to-data ratio). The driver's only UTD arithmetic."""
+    return spec.algo.train_every * spec.algo.utd_ratio
+
+
+class ActorGraph:
+    """Makes, feeds, restores and rebuilds the run's actors. Creating one reserves the placement
+    group (inside a Tune trial: takes the trial's); `start` makes the actors, `close` ends both."""
+
+    def __init__(self, spec: ExperimentSpec, obs_dim: int, act_dim: int, prior_path: Path | None = None):
+        self.spec = spec
+        self.obs_dim, self.act_dim, self.prior_path = obs_dim, act_dim, prior_path
+        self.group, self.bundle_offset, self.owns_group = cluster.placement(spec)
+        self.learners: list[Any] = []
+        self.runners: list[Any] = []
+        self.replay: Any | None = None  # on-policy algorithms learn from fresh rollouts only
+        self.prior_info: dict[str, Any] | None = None  # what the replay actor loaded from algo.prior_data
+        self.weights: tuple[Any, Any] | None = None  # refs of the newest published (policy state, version)
+        self.pending_stats: list[dict] = []  # runners' normalizer moments the learners have not merged yet
+        self.replay_size = 0
+        self.runner_restarts = 0
+
+    # ---- making and ending the actors ------------------------------------------------------------
+    def start(self) -> None:
+        """Start every actor in its bundle; several learners join one process group; the replay
+        actor loads the RLPD dataset."""
+        spec = self.spec
+        self.learners = [
+            ray.remote(Learner).options(
+                num_cpus=spec.learners.cpus_per_learner, num_gpus=spec.learners.gpus_per_learner,
+                scheduling_strategy=self._bundle(rank),
+            ).remote(spec, self.obs_dim, self.act_dim, rank)
+            for rank in range(spec.learners.num_learners)
+        ]
+        self.runners = [self._make_runner(index) for index in range(spec.runners.num_runners)]
+        if not spec.on_policy:
+            self.replay = ray.remote(ReplayBuffer).options(
+                num_cpus=spec.runtime.replay_cpus,
+                scheduling_strategy=self._bundle(spec.learners.num_learners + spec.runners.num_runners),
+            ).remote(spec.algo.buffer_size, self.obs_dim, self.act_dim, seed=spec.seed, run=run_tag(spec))
+        if len(self.learners) > 1:
+            host = cluster.bundle_node_ip(self.group, self.bundle_offset)  # learner 0's node
+            address = get_results(self.learners[0].rendezvous_address.remote(host))
+            get_results([learner.join.remote(address) for learner in self.learners])
+        if self.prior_path is not None:
+            algo = spec.algo
+            self.prior_info = get_results(
+                self.replay.load_prior.remote(str(self.prior_path), algo.prior_data_ratio, algo.gamma, spec.env.id)
+            )
+
+    def _bundle(self, index: int) -> Any:
+        """Where the actor of `spec.bundles()[index]` goes (a Tune trial's own bundle 0 is the trial's)."""
+        return cluster.in_bundle(self.group, self.bundle_offset + index)
+
+    def _make_runner(self, index: int, incarnation: int = 0) -> Any:
+        return ray.remote(EnvRunner).options(
+            num_cpus=self.spec.runners.cpus_per_runner,
+            scheduling_strategy=self._bundle(self.spec.learners.num_learners + index),
+        ).remote(self.spec, index, incarnation)
+
+    def kill(self) -> None:
+        for actor in [*self.learners, self.replay, *self.runners]:
+            if actor is not None:
+                ray.kill(actor)
+        self.learners, self.runners, self.replay = [], [], None
+
+    def close(self) -> None:
+        """Kill the actors and give back the placement group (if this graph reserved it)."""
+        self.kill()
+        if self.owns_group:
+            ray.util.remove_placement_group(self.group)
+
+    # ---- faults ----------------------------------------------------------------------------------
+    def replace_runner(self, index: int, reason: str) -> int:
+        """Replace runner `index` in its bundle with a new incarnation; returns the run's restarts so
+        far. TrainingError past `runtime.max_runner_restarts`. The chunk it was collecting is lost,
+        the replay buffer is not."""
+        self.runner_restarts += 1
+        limit = self.spec.runtime.max_runner_restarts
+        if self.runner_restarts > limit:
+            raise TrainingError(
+                f"env runner {index} failed ({reason}) after runtime.max_runner_restarts={limit} restarts "
+                "in this run; fix the env (or raise the limit) and resume from the last checkpoint"
+            )
+        ray.kill(self.runners[index])  # one whose env raised is still alive and holds its bundle
+        self.runners[index] = self._make_runner(index, incarnation=self.runner_restarts)
+        if self.weights is not None:
+            self.runners[index].set_weights.remote(*self.weights)
+        return self.runner_restarts
+
+    def rebuild(self) -> None:
+        """After a learner or the replay actor died: every actor replaced in the same bundles, empty.
+        The caller loads a checkpoint into them (`restore`) or starts over."""
+        self.kill()
+        self.pending_stats, self.replay_size, self.weights = [], 0, None
+        self.start()
+
+    def dead_actors(self) -> list[str]:
+        """Names of the actors that are gone (a busy one, e.g. a learner waiting on a dead peer's
+        collective, does not answer within the timeout and is not counted)."""
+        named = [(f"learner {rank}", learner) for rank, learner in enumerate(self.learners)]
+        named += [("replay", self.replay)] if self.replay is not None else []
+        named += [(f"env runner {index}", runner) for index, runner in enumerate(self.runners)]
+        pings = {actor.__ray_ready__.remote(): name for name, actor in named}
+        answered, _ = ray.wait(list(pings), num_returns=len(pings), timeout=10)
+        dead = []
+        for ref in answered:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:
+                dead.append(pings[ref])
+        return sorted(dead, key=[name for name, _ in named].index)
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+    def snapshot(self, with_replay_table: bool) -> dict[str, Any]:
+        """The actors' part of a checkpoint: learner 0's state, the replay buffer's state (and its
+        rows as a table, if asked), every runner's state."""
+        learner_ref = self.learners[0].state_dict.remote()
+        replay_refs = []
+        if self.replay is not None:
+            replay_refs = [self.replay.state.remote()]
+            if with_replay_table:
+                replay_refs.append(self.replay.to_table.remote())
+        runner_refs = [runner.state.remote() for runner in self.runners]
+        replay_state, replay_table = (get_results(replay_refs) + [None, None])[:2]
+        return {
+            "learner": get_results(learner_ref), "replay": replay_state or {},
+            "replay_table": replay_table, "runners": get_results(runner_refs),
+        }
+
+    def restore(self, payload: dict[str, Any], replay_table: Any) -> None:
+        """Load a checkpoint's learner, replay and runner state into the actors (format 1 and 2)."""
+        calls = [learner.load_state_dict.remote(payload["learner"]) for learner in self.learners]
+        if self.replay is not None and replay_table is not None:
+            source = str(Path(payload["folder"]) / REPLAY_FILE)
+            calls.append(self.replay.load_table.remote(replay_table, payload["replay"], source))
+            self.replay_size = replay_table.num_rows
+        runner_states = payload.get("runners") or [{"numpy_rng": r["numpy"], "torch_rng": r["torch"]}
+                                                   for r in payload.get("runner_rng", [])]  # format 1
+        for runner, state in zip(self.runners, runner_states, strict=False):
+            calls.append(runner.load_state.remote(state))
+        get_results(calls)
+
+    def queue_prior_stats(self) -> None:
+        """Seed the normalizer with the RLPD dataset's observations (a fresh start; a restored
+        normalizer already holds them)."""
+        if self.prior_info is not None:
+            self.pending_stats.append({"obs": self.prior_info["obs"], "return": _NO_RETURNS})
+
+    # ---- weights and updates ---------------------------------------------------------------------
+    def request_weights(self) -> tuple[Any, Any]:
+        """Refs of learner 0's (policy state, version), queued behind its updates so far."""
+        return self.learners[0].policy_state.options(num_returns=2).remote()
+
+    def publish_weights(self) -> None:
+        self.weights = self.request_weights()
+        for runner in self.runners:
+            runner.set_weights.remote(*self.weights)
+
+    def queue_stats(self, chunk_stats: list[dict[str, Any]]) -> None:
+        """Finished chunks' normalizer moments, for the learners' next update to merge."""
+        self.pending_stats += [stats["norm_stats"] for stats in chunk_stats]
+
+    def submit_update(self) -> list[Any]:
+        """Queue one learner iteration on every learner: a global stack of `update_batches` batches
+        from the replay actor, one shard per learner, and the normalizer moments to merge."""
+        num_batches, batch_size, num_learners = update_batches(self.spec), self.spec.algo.batch_size, len(self.learners)
+        if num_learners == 1:
+            shards = [self.replay.sample.remote(num_batches, batch_size)]
+        else:
+            shards = self.replay.sample_shards.options(num_returns=num_learners).remote(
+                num_batches, batch_size, num_learners
+            )
+        pairs = zip(self.learners, shards, strict=True)
+        updates = [learner.update.remote(shard, self.pending_stats) for learner, shard in pairs]
+        self.pending_stats = []
+        return updates
+
+    def submit_rollouts(self, rollouts: list[Any]) -> list[Any]:
+        """On-policy: queue an update on all of this iteration's rollouts on every learner."""
+        updates = [learner.update_rollouts.remote(self.pending_stats, *rollouts) for learner in self.learners]
+        self.pending_stats = []
+        return updates
+
+    def finish_update(self, update_refs: list[Any]) -> dict[str, float]:
+        """Rank 0's metrics of a submitted update. ActorLost when a learner died (the trainer
+        recovers), LearnerFailed when one raised (the run stops)."""
+        try:
+            return get_results(update_refs)[0]
+        except ActorLost:
+            raise
+        except TrainingError as err:
+            raise LearnerFailed(f"a learner failed, so the run stopped ({err})") from None
+
+    def evaluate(self, episodes: int) -> tuple[dict[str, float], RunnerRestart | None]:
+        """Runner 0 evaluates the newest weights: (the evaluation, None), or, when it died doing so,
+        (its replacement's evaluation, the restart)."""
+        self.runners[0].set_weights.remote(*self.weights)  # async: it may still act with older weights
+        try:
+            return get_results(self.runners[0].evaluate.remote(episodes)), None
+        except ActorLost as lost:
+            restart = RunnerRestart(0, str(lost), self.replace_runner(0, str(lost)))
+            return get_results(self.runners[0].evaluate.remote(episodes)), restart
+
+    def record_video(self, max_frames: int) -> tuple[bytes | None, str | None]:
+        return get_results(self.runners[0].record_video.remote(max_frames))

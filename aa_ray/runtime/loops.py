@@ -1,0 +1,221 @@
+"""The training loops. Each `step()` runs one iteration on the actor graph and returns what it did
+(`Iteration`); the trainer counts, logs, evaluates and checkpoints from that (`aa_ray.runtime.cadence`).
+
+Sync mode (`SyncLoop`), one iteration in submission order:
+
+    runners.sample(train_every)          # collect with weights v(k-1)
+    replay.sample -> learners.update     # learn from data up to iteration k-1, concurrently
+    learner.policy_state -> runners      # weights v(k) reach runners before their next sample
+    replay.add(new transitions)          # this iteration's data joins the buffer
+
+Async mode (`AsyncLoop`, `runtime.mode: async`): nothing waits for a whole iteration. Each runner
+always has a chunk of `train_every` steps in progress and starts the next one as soon as one
+returns, with the newest weights the learner has published; the learners always have the next
+update queued behind the current one (its batch is sampled while they train). Two throttles keep
+the run what the spec says: the learners take an update only when the runners have collected the
+env steps it stands for (the UTD ratio holds on average), and the runners stop collecting when
+they are two learner updates ahead. A learner update also waits while any runner acts with
+weights older than `runtime.max_policy_lag` versions (the lag logged as `runtime/policy_lag_max`).
+An async iteration ends when an update lands (or, before learning starts and at the budget, when
+a chunk lands).
+
+On-policy algorithms (`OnPolicyLoop`, PPO) have no replay actor and no overlap: every runner
+collects a rollout of `train_every` steps per env with the current weights, the learners update on
+all of them, and the new weights reach the runners before their next rollout. An iteration in
+which a runner failed is not learned from (its envs' share is missing).
+
+A runner that fails is replaced at once (`ActorGraph.replace_runner`) and named in the iteration.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from aa_ray import metric_names as m
+from aa_ray.runtime.graph import ActorGraph, RunnerRestart, update_batches
+from aa_ray.runtime.remote import get_or_failure, get_results
+from aa_ray.spec.experiment import ExperimentSpec
+
+
+@dataclass
+class Iteration:
+    """What one iteration did."""
+
+    chunks: list[dict[str, Any]] = field(default_factory=list)  # finished chunks' stats (env steps, episodes)
+    updates: int = 0  # gradient updates the learners made (off-policy: replay batches trained on)
+    learner_metrics: dict[str, float] | None = None  # rank 0's metrics, when an update landed
+    loop_metrics: dict[str, float] = field(default_factory=dict)  # async: policy version, updates per fleet step
+    policy_lags: list[int] = field(default_factory=list)  # async: versions each chunk's weights were behind
+    runner_restarts: list[RunnerRestart] = field(default_factory=list)  # runners that failed, replaced
+
+    @property
+    def env_steps(self) -> int:
+        return sum(stats["env_steps"] for stats in self.chunks)
+
+    @property
+    def episodes(self) -> list[dict[str, float]]:
+        return [episode for stats in self.chunks for episode in stats["episodes"]]
+
+
+def learning_started(spec: ExperimentSpec, env_steps: int, replay_size: int) -> bool:
+    """Warm-up is over, and the buffer holds a batch (a run resumed from a checkpoint without its
+    replay refills the buffer before sampling it)."""
+    algo = spec.algo
+    return env_steps >= algo.warm_up_steps and replay_size >= min(algo.batch_size, max(algo.warm_up_steps, 1))
+
+
+def make_loop(spec: ExperimentSpec, graph: ActorGraph, env_steps: int) -> SyncLoop | AsyncLoop | OnPolicyLoop:
+    """The spec's loop, starting at `env_steps` collected (the graph's weights are published)."""
+    if spec.on_policy:
+        return OnPolicyLoop(spec, graph)
+    return AsyncLoop(spec, graph, env_steps) if spec.runtime.mode == "async" else SyncLoop(spec, graph, env_steps)
+
+
+def _collect(graph: ActorGraph, sampled: list[tuple[Any, Any]], it: Iteration) -> list[Any]:
+    """Wait for each runner's chunk; replace the runners that failed. The data refs of the rest."""
+    data = []
+    for index, (data_ref, stats_ref) in enumerate(sampled):
+        stats, failure = get_or_failure(stats_ref)
+        if failure is not None:
+            it.runner_restarts.append(RunnerRestart(index, failure, graph.replace_runner(index, failure)))
+        else:
+            data.append(data_ref)
+            it.chunks.append(stats)
+    return data
+
+
+class SyncLoop:
+    def __init__(self, spec: ExperimentSpec, graph: ActorGraph, env_steps: int):
+        self.spec, self.graph = spec, graph
+        self.env_steps = env_steps  # collected before this iteration
+        self.learning = False
+
+    def step(self) -> Iteration:
+        algo, graph, it = self.spec.algo, self.graph, Iteration()
+        self.learning = self.learning or learning_started(self.spec, self.env_steps, graph.replay_size)
+        random_actions = self.env_steps < algo.warm_up_steps
+        sampled = [r.sample.options(num_returns=2).remote(algo.train_every, random_actions) for r in graph.runners]
+        update_refs = []
+        if self.learning:
+            update_refs = graph.submit_update()
+            graph.publish_weights()
+        size_ref = graph.replay.add.remote(*_collect(graph, sampled, it))
+        if update_refs:
+            it.learner_metrics = graph.finish_update(update_refs)
+            it.updates = update_batches(self.spec)
+        graph.replay_size = get_results(size_ref)
+        graph.queue_stats(it.chunks)
+        self.env_steps += it.env_steps
+        return it
+
+
+class OnPolicyLoop:
+    def __init__(self, spec: ExperimentSpec, graph: ActorGraph):
+        self.spec, self.graph = spec, graph
+
+    def step(self) -> Iteration:
+        algo, graph, it = self.spec.algo, self.graph, Iteration()
+        sampled = [r.sample_rollout.options(num_returns=2).remote(algo.train_every) for r in graph.runners]
+        rollouts = _collect(graph, sampled, it)
+        graph.queue_stats(it.chunks)
+        if len(rollouts) == len(graph.runners):
+            it.learner_metrics = graph.finish_update(graph.submit_rollouts(rollouts))
+            it.updates = algo.ppo_epochs * algo.num_minibatches
+            graph.publish_weights()
+        return it
+
+
+class AsyncLoop:
+    def __init__(self, spec: ExperimentSpec, graph: ActorGraph, env_steps: int):
+        self.spec, self.graph = spec, graph
+        self.env_steps = env_steps  # collected so far, chunks of the current iteration included
+        self.update_steps = spec.algo.train_every * spec.transitions_per_fleet_step  # env steps one update stands for
+        self.chunk_steps = spec.algo.train_every * spec.runners.envs_per_runner
+        # learner updates queued at once; a chunk starting now may see all of them land, so the
+        # queue is never deeper than the lag bound
+        self.depth = min(2, spec.runtime.max_policy_lag)
+        self.published = int(get_results(graph.weights[1]))
+        self.runner_version = [self.published] * len(graph.runners)
+        self.chunks: dict[Any, tuple[int, Any, int]] = {}  # stats ref -> (runner, transitions ref, weights version)
+        self.updates: deque[tuple[list[Any], tuple[Any, Any]]] = deque()  # (update refs, weights refs)
+        self.idle = set(range(len(graph.runners)))
+        self.submitted = self.completed = 0
+        self.learn_start: int | None = None  # env steps when learning started (warm-up, or a refill on resume)
+
+    def _may_collect(self) -> bool:
+        if self.learn_start is None:
+            return True
+        # never more than two updates' worth of env steps ahead of the learner
+        ahead = self.env_steps + len(self.chunks) * self.chunk_steps - self.learn_start
+        return ahead < (self.completed + 2) * self.update_steps
+
+    def _may_update(self) -> bool:
+        if self.learn_start is None or len(self.updates) >= self.depth:
+            return False
+        if self.submitted * self.update_steps > self.env_steps - self.learn_start:  # UTD: wait for the data
+            return False
+        next_version = self.published + len(self.updates) + 1
+        oldest = min((version for _, _, version in self.chunks.values()), default=self.published)
+        return next_version - oldest <= self.spec.runtime.max_policy_lag
+
+    def _start_chunks(self) -> None:
+        algo, graph = self.spec.algo, self.graph
+        for index in sorted(self.idle):
+            if not self._may_collect():
+                break
+            if self.runner_version[index] != self.published:
+                graph.runners[index].set_weights.remote(*graph.weights)
+                self.runner_version[index] = self.published
+            random_actions = self.env_steps + len(self.chunks) * self.chunk_steps < algo.warm_up_steps
+            transitions, stats_ref = graph.runners[index].sample.options(num_returns=2).remote(
+                algo.train_every, random_actions
+            )
+            self.chunks[stats_ref] = (index, transitions, self.published)
+            self.idle.discard(index)
+
+    def step(self) -> Iteration:
+        graph, it = self.graph, Iteration()
+        while True:
+            self._start_chunks()
+            if self.learn_start is None and learning_started(self.spec, self.env_steps, graph.replay_size):
+                self.learn_start = self.env_steps
+            while self._may_update():
+                self.updates.append((graph.submit_update(), graph.request_weights()))
+                self.submitted += 1
+            waiting = list(self.chunks) + ([self.updates[0][0][0]] if self.updates else [])
+            [ready], _ = ray.wait(waiting, num_returns=1)
+            if ready in self.chunks:
+                if self._chunk_landed(ready, it):
+                    return it
+                continue
+            update_refs, graph.weights = self.updates.popleft()
+            it.learner_metrics = graph.finish_update(update_refs)
+            it.updates = update_batches(self.spec)
+            self.completed += 1
+            self.published += 1
+            learned_fleet_steps = max(self.env_steps - self.learn_start, 1) / self.spec.transitions_per_fleet_step
+            it.loop_metrics = {
+                m.RUNTIME_UPDATES_PER_FLEET_STEP: self.completed * update_batches(self.spec) / learned_fleet_steps,
+                m.RUNTIME_POLICY_VERSION: float(self.published),
+            }
+            return it
+
+    def _chunk_landed(self, stats_ref: Any, it: Iteration) -> bool:
+        """Store a finished chunk; whether the iteration ends with it (before learning, or at the budget)."""
+        index, transitions, version = self.chunks.pop(stats_ref)
+        self.idle.add(index)
+        stats, failure = get_or_failure(stats_ref)
+        if failure is not None:
+            it.runner_restarts.append(RunnerRestart(index, failure, self.graph.replace_runner(index, failure)))
+            self.runner_version[index] = -1  # the replacement gets weights with its first chunk
+            return False
+        self.graph.replay_size = get_results(self.graph.replay.add.remote(transitions))
+        it.policy_lags.append(self.published - version)
+        it.chunks.append(stats)
+        self.graph.queue_stats([stats])
+        self.env_steps += stats["env_steps"]
+        return self.submitted == 0 or self.env_steps >= self.spec.budget.env_steps

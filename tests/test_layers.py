@@ -1,0 +1,164 @@
+"""Imports point one way: cli -> tune -> jobs (runtime training, data rollouts) -> algos -> nets,
+with spec, envs and small utilities at the bottom; Ray only where actors are made and driven.
+
+The rule test reads every module under aa_ray/ with `ast` (imports inside functions and under
+TYPE_CHECKING count too: they are dependencies all the same) and lists every offending import.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "aa_ray"
+
+BOTTOM = ("aa_ray.algos", "aa_ray.nets", "aa_ray.spec", "aa_ray.envs", "aa_ray.seeding", "aa_ray.metric_names",
+          "aa_ray.ddp")
+UPPER = ("aa_ray.runtime", "aa_ray.tune", "aa_ray.data", "aa_ray.tracking", "aa_ray.cli")
+
+# (importer, what it must not import): the layers of the package
+FORBIDDEN: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
+    (BOTTOM, UPPER),
+    (("aa_ray.data",), ("aa_ray.runtime.trainer", "aa_ray.tune", "aa_ray.cli")),
+    (("aa_ray.runtime",), ("aa_ray.tune", "aa_ray.cli")),
+    (("aa_ray.tracking",), ("aa_ray.runtime", "aa_ray.tune", "aa_ray.data", "aa_ray.cli")),
+    (("aa_ray.tune",), ("aa_ray.cli",)),
+]
+
+# The only modules that may import Ray (at module level or inside a function): the actor shells,
+# the driver and its actor graph and loops, the cluster helpers, the metrics exporter (lazily, a
+# no-op without Ray), the rollout driver, Tune and the command line.
+RAY_ALLOWED = (
+    "aa_ray.cli",
+    "aa_ray.data.rollout",
+    "aa_ray.runtime.cluster",
+    "aa_ray.runtime.graph",
+    "aa_ray.runtime.loops",
+    "aa_ray.runtime.metrics",
+    "aa_ray.runtime.remote",
+    "aa_ray.runtime.trainer",
+    "aa_ray.tune",
+)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    return imports_in(path.read_text(), module_name(path), is_package=path.name == "__init__.py")
+
+
+def imports_in(source: str, module: str, is_package: bool = False) -> list[tuple[int, str]]:
+    """(line, imported module) for every import in `module`'s source; `from a import b` yields a.b
+    as well as a, since b may be a submodule."""
+    package = module if is_package else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(source, module)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.append((node.lineno, base))
+            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+    return found
+
+
+def within(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes)
+
+
+def all_modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def against_the_layers(importer: str, imported: str) -> str | None:
+    """Why `importer` may not import `imported`, or None."""
+    for importers, forbidden in FORBIDDEN:
+        if within(importer, importers) and within(imported, forbidden):
+            return f"{importer} is below {', '.join(forbidden)}"
+    return None
+
+
+def test_imports_point_one_way() -> None:
+    offences = {
+        f"{path.relative_to(ROOT)}:{line} imports {imported} ({why})"
+        for path in all_modules()
+        for line, imported in imports(path)
+        if (why := against_the_layers(module_name(path), imported))
+    }
+    assert not offences, "imports against the layers:\n" + "\n".join(sorted(offences))
+
+
+def test_ray_is_imported_only_where_actors_are_made_and_driven() -> None:
+    offences = [
+        f"{path.relative_to(ROOT)}:{line} imports {imported}"
+        for path in all_modules()
+        if not within(module_name(path), RAY_ALLOWED)
+        for line, imported in imports(path)
+        if within(imported, ("ray",))
+    ]
+    assert not offences, "Ray imported outside RAY_ALLOWED:\n" + "\n".join(sorted(set(offences)))
+
+
+def test_the_rule_reads_imports_inside_functions_and_relative_ones() -> None:
+    """The reader itself: a module that tucks its imports away is still read."""
+    source = "def f():\n    import ray.util\n    from ..runtime import trainer\n    from . import knobs\n"
+    found = {imported for _, imported in imports_in(source, "aa_ray.algos.probe")}
+    assert {"ray.util", "aa_ray.runtime", "aa_ray.runtime.trainer", "aa_ray.algos.knobs"} <= found
+    assert against_the_layers("aa_ray.algos.probe", "aa_ray.runtime.trainer")
+    assert against_the_layers("aa_ray.data.rollout", "aa_ray.runtime.trainer")
+    assert against_the_layers("aa_ray.envs.make", "aa_ray.tracking.mlflow_tracker")
+    assert against_the_layers("aa_ray.runtime.env_runner", "aa_ray.data.dataset") is None
+    assert against_the_layers("aa_ray.tune.sweep", "aa_ray.runtime.trainer") is None
+
+
+WITHOUT_RAY = textwrap.dedent(
+    """
+    import importlib.abc
+    import sys
+
+    class NoRay(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "ray" or name.startswith("ray."):
+                raise ModuleNotFoundError(f"No module named {name!r} (made unimportable by the test)")
+            return None
+
+    sys.meta_path.insert(0, NoRay())
+
+    import numpy as np
+
+    from aa_ray.envs import env_dims
+    from aa_ray.runtime.env_runner import EnvRunner
+    from aa_ray.runtime.replay import ReplayBuffer
+    from aa_ray.spec.loader import load_spec
+
+    spec = load_spec("specs/sac.yaml", ["runners.envs_per_runner=2"])
+    obs_dim, act_dim = env_dims(spec)
+    runner = EnvRunner(spec, index=0)
+    warm_up, stats = runner.sample(5, random_actions=True)
+    acting, _ = runner.sample(5, random_actions=False)
+    assert stats["env_steps"] == 10 and warm_up["obs"].shape == (10, obs_dim), stats
+    assert np.isfinite(runner.evaluate(1)["eval/return"])
+    replay = ReplayBuffer(100, obs_dim, act_dim, seed=spec.seed)
+    assert replay.add(warm_up, acting) == 20
+    batch = replay.sample(3, 4)
+    assert batch["obs"].shape == (3, 4, obs_dim) and batch["action"].shape == (3, 4, act_dim)
+    assert not [name for name in sys.modules if name == "ray" or name.startswith("ray.")]
+    print("sampled without ray")
+    """
+)
+
+
+def test_the_env_runner_and_replay_run_where_ray_cannot_be_imported() -> None:
+    result = subprocess.run([sys.executable, "-c", WITHOUT_RAY], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "sampled without ray" in result.stdout
