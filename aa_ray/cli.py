@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from aa_ray import metric_names
 from aa_ray.spec.loader import SpecError, load_spec, spec_hash, spec_yaml
 
 if TYPE_CHECKING:
@@ -62,7 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     chosen.add_argument("--parent", metavar="RUN_ID", help="the child runs of a sweep or pipeline (the report is "
                         "also logged to this run)")
     chosen.add_argument("--runs", nargs="+", metavar="RUN_ID", help="these runs")
-    report.add_argument("--metric", default="eval/return", help="the curve's metric (default eval/return)")
+    report.add_argument(
+        "--metric", default=metric_names.EVAL_RETURN, help=f"the curve's metric (default {metric_names.EVAL_RETURN})"
+    )
     report.add_argument("--threshold", type=float, help="also report env steps until the metric reaches this")
     report.add_argument("--mode", choices=["max", "min"], default="max", help="min: lower is better (eval/distance)")
     report.add_argument("--out", help="output folder (default reports/<time>)")

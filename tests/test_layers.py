@@ -138,10 +138,12 @@ WITHOUT_RAY = textwrap.dedent(
 
     from aa_ray.envs import env_dims
     from aa_ray.runtime.env_runner import EnvRunner
+    from aa_ray.runtime.learner import Learner
     from aa_ray.runtime.replay import ReplayBuffer
     from aa_ray.spec.loader import load_spec
 
-    spec = load_spec("specs/sac.yaml", ["runners.envs_per_runner=2"])
+    small = ["algo.actor_hidden_dims=[16]", "algo.critic_hidden_dims=[16]", "algo.batch_size=4"]
+    spec = load_spec("specs/sac.yaml", ["runners.envs_per_runner=2", *small])
     obs_dim, act_dim = env_dims(spec)
     runner = EnvRunner(spec, index=0)
     warm_up, stats = runner.sample(5, random_actions=True)
@@ -152,13 +154,19 @@ WITHOUT_RAY = textwrap.dedent(
     assert replay.add(warm_up, acting) == 20
     batch = replay.sample(3, 4)
     assert batch["obs"].shape == (3, 4, obs_dim) and batch["action"].shape == (3, 4, act_dim)
+    learner = Learner(spec, obs_dim, act_dim)
+    before, _ = learner.policy_state()
+    info = learner.update(batch, [stats["norm_stats"]])
+    after, version = learner.policy_state()
+    assert info["learner/critic_updates"] == 3 and np.isfinite(info["critic/q_loss"]) and version == 1, info
+    assert any((after[name] != before[name]).any() for name in before), "the update changed no policy weight"
     assert not [name for name in sys.modules if name == "ray" or name.startswith("ray.")]
-    print("sampled without ray")
+    print("sampled and trained without ray")
     """
 )
 
 
-def test_the_env_runner_and_replay_run_where_ray_cannot_be_imported() -> None:
+def test_the_env_runner_replay_and_learner_run_where_ray_cannot_be_imported() -> None:
     result = subprocess.run([sys.executable, "-c", WITHOUT_RAY], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "sampled without ray" in result.stdout
+    assert "sampled and trained without ray" in result.stdout

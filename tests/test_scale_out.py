@@ -88,6 +88,22 @@ def test_two_gloo_learners_stay_identical_and_match_one_learner(local_ray: None,
     assert any(not (untrained[k] == v).all() for k, v in single.algo.policy_state().items())  # it did train
 
 
+def test_the_rendezvous_listens_on_the_learner_node_address_only_on_a_port_it_holds() -> None:
+    """Rank 0's store is bound to the address it is given (not every interface), on a port that
+    was never released between choosing and listening, so two rendezvous never collide."""
+    import psutil
+
+    two = spec("learners.num_learners=2")
+    first, second = Learner(two, 4, 2, rank=0), Learner(two, 4, 2, rank=0)
+    addresses = [learner.rendezvous_address("127.0.0.1") for learner in (first, second)]
+    assert addresses[0] != addresses[1]
+    listening = {(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections("tcp") if c.status == "LISTEN"}
+    for address in addresses:
+        host, port = address.rsplit(":", 1)
+        assert host == "127.0.0.1" and ("127.0.0.1", int(port)) in listening
+        assert ("0.0.0.0", int(port)) not in listening and ("::", int(port)) not in listening
+
+
 def test_checkpoints_move_between_one_and_two_learners(tmp_path: Path) -> None:
     """A run with L=2 checkpoints unwrapped state; L=1 resumes it (in async mode, refilling the
     replay the checkpoint did not keep) and the reverse. A resumed run continues in its run
