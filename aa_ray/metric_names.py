@@ -46,6 +46,7 @@ CRITIC_Q_MAX = "critic/q_max"
 ACTOR_LOSS = "actor/loss"
 ACTOR_ALPHA = "actor/alpha"
 ACTOR_ENTROPY = "actor/entropy"
+ACTOR_LR = "actor/lr"  # the actor's learning rate now (schedules, PPO's KL rule)
 
 # RLPD: every off-policy algorithm trained with algo.prior_data logs these
 CRITIC_PRIOR_Q = "critic/prior_q"

@@ -21,7 +21,8 @@ from typing import Any
 import ray
 from ray._private import ray_constants
 
-from aa_ray.runtime.trainer import Trainer, TrainingError
+from aa_ray.runtime.remote import TrainingError
+from aa_ray.runtime.trainer import Trainer
 from aa_ray.spec.experiment import ExperimentSpec
 
 

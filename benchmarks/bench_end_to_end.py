@@ -16,7 +16,7 @@ Contenders (run alternately, A B C ..., then ... C B A, and so on):
 - aa-ray (no Ray): `EnvRunner`, `ReplayBuffer`, `Learner` driven in this process with the
   Trainer's iteration structure (sample `train_every` steps; replay.sample + learner.update on
   `train_every * utd` batches with the runners' pending normalizer stats; set_weights;
-  replay.add), sequentially. It mirrors `Trainer._loop`; keep the two in step.
+  replay.add), sequentially. It mirrors `SyncLoop.step` (aa_ray/runtime/loops.py); keep the two in step.
 - the same two aa-ray contenders with `algo.train_every=1` (per-iteration overhead), unless
   `--skip-train-every-1`.
 

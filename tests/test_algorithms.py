@@ -218,7 +218,7 @@ def test_old_knobs_migrate_to_configs_that_validate(old: dict, expected: dict) -
         validate_spec(old_spec(old))
 
 
-@pytest.mark.parametrize("name", ["sac", "sac_simba", "ppo"])
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_format2_checkpoints_load_into_todays_algorithms(name: str) -> None:
     """The checkpoints written before the redesign (tests/fixtures/format2): their spec's algo
     section migrates and validates, and their algorithm state loads under the same keys."""

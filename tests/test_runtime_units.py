@@ -222,6 +222,19 @@ def test_checkpoint_round_trip_restores_parameters_and_optimizers(tmp_path: Path
     assert a["critic/q_loss"] == b["critic/q_loss"] and a["actor/loss"] == b["actor/loss"]
 
 
+def test_a_stack_that_is_not_whole_fleet_steps_is_refused_not_cut() -> None:
+    """3 batches at utd_ratio 2 are one and a half fleet steps: the learner says so and learns
+    nothing, rather than dropping the odd batch."""
+    spec = counting_spec(3, **{"algo.utd_ratio": 2})
+    learner = Learner(spec, obs_dim=1, act_dim=1)
+    replay = ReplayBuffer(100, 1, 1, seed=0)
+    replay.add(EnvRunner(spec, 0).sample(20, random_actions=True)[0])
+    before = learner.parameters_vector()
+    with pytest.raises(ValueError, match=r"3 batches, not a whole number of fleet steps of algo.utd_ratio=2"):
+        learner.update(replay.sample(3, 8), [])
+    assert torch.equal(learner.parameters_vector(), before) and learner.weights_version == 0
+
+
 def test_corrupt_and_incompatible_checkpoints_are_explained(tmp_path: Path) -> None:
     spec = counting_spec(3)
     (tmp_path / "bad").mkdir()

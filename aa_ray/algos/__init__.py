@@ -42,12 +42,16 @@ def build_policy(cfg: Any, obs_dim: int, act_dim: int) -> nn.Module:
     return ALGORITHMS[cfg.name].make_policy(cfg, obs_dim, act_dim)
 
 
-# knobs renamed by the redesign (one naming scheme across variants): old name -> what to write now
-RENAMED_KNOBS = {
-    "hidden_dims": "actor_hidden_dims and critic_hidden_dims",
+# knobs renamed by the redesign (one naming scheme across variants): algo -> old name -> what to write now
+_MLP_WIDTHS = {"hidden_dims": "actor_hidden_dims and critic_hidden_dims"}
+_SIMBA_RATES = {
     "learning_rate": "actor_lr, critic_lr and alpha_lr",
     "learning_rate_end": "lr_end_fraction (= learning_rate_end / learning_rate)",
-    "lr": "actor_lr and critic_lr",
+}
+RENAMED_KNOBS: dict[str, dict[str, str]] = {
+    "sac": _MLP_WIDTHS, "sac_dist": _MLP_WIDTHS, "td3": _MLP_WIDTHS,
+    "ppo": {**_MLP_WIDTHS, "lr": "actor_lr and critic_lr"},
+    "sac_simba": _SIMBA_RATES, "sac_dist_simba": _SIMBA_RATES,
 }
 _SIMBA_LEARNING_RATES = (1e-4, 5e-5)  # the old sac_simba / sac_dist_simba defaults (start, end)
 

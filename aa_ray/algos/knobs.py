@@ -5,7 +5,6 @@ normalization and the RLPD batch split. Algorithm files call these."""
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -70,8 +69,8 @@ class GradientStep:
             self.scaler.unscale_(self.optimizer)
         grads = [p.grad for p in self.params if p.grad is not None]
         norm = nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=loss.device)
-        # the finite check reads the norm on the host: the one sync of a step
-        if self.scaler is None and not (math.isfinite(float(norm)) and torch.isfinite(loss.detach())):
+        # the skip decision is read on the host: one device sync per step (the speed work removes it)
+        if self.scaler is None and not bool(torch.isfinite(norm) & torch.isfinite(loss.detach())):
             self.optimizer.zero_grad(set_to_none=True)
             self.skipped += 1
             self.consecutive_skips += 1

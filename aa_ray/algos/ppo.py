@@ -27,6 +27,7 @@ from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_
 from torch import Tensor, nn
 
 from aa_ray import ddp
+from aa_ray import metric_names as m
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.config import LearningRates
 from aa_ray.algos.contract import Health
@@ -197,7 +198,7 @@ class PPO(Bookkeeping):
 
         # 3. diagnostics of the data the update learned from
         return info | {
-            "actor/lr": torch.tensor(float(self.optimizer.param_groups[0]["lr"])),
+            m.ACTOR_LR: torch.tensor(float(self.optimizer.param_groups[0]["lr"])),
             "actor/std": self.policy.actor.log_std.detach().exp().mean(),
             "critic/explained_var": explained_variance(rollout.value, returns),
             "critic/adv_mean": adv_mean,
@@ -240,7 +241,7 @@ class PPO(Bookkeeping):
             self.largest_value = torch.maximum(self.largest_value, value.abs().max())
         return {
             "actor/policy_loss": policy_loss.detach(),
-            "actor/entropy": entropy.detach().mean(),
+            m.ACTOR_ENTROPY: entropy.detach().mean(),
             "actor/approx_kl": approx_kl,
             "actor/clamp_pos": (ratio > 1.0 + eps_high).float().mean(),
             "actor/clamp_neg": (ratio < 1.0 - eps_low).float().mean(),

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from aa_ray import ddp
+from aa_ray import metric_names as m
 from aa_ray.algos import config, soft_updates
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.common import Batch
@@ -80,6 +81,7 @@ class SAC(Bookkeeping):
             self.log_alpha, self.alpha_step, self.target_entropy, self.cfg,
         )
         self.largest_value = q.abs().max()
+        info[m.ACTOR_LR] = self.schedule.current_lr()
         self.schedule.advance()
         return info
 

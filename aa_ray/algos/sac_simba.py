@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from aa_ray import ddp
+from aa_ray import metric_names as m
 from aa_ray.algos import config, soft_updates
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.common import Batch
@@ -85,7 +86,7 @@ class SACSimba(Bookkeeping):
         info = soft_updates.update_actor_and_temperature(
             batch.at(0).obs, self.policy, self.policy_ddp, self.critic, lambda q: q, self.actor_step,
             self.log_alpha, self.alpha_step, self.target_entropy, self.cfg,
-        ) | {"actor/learning_rate": self.schedule.current_lr()}
+        ) | {m.ACTOR_LR: self.schedule.current_lr()}
         alpha = self.log_alpha.detach().exp()
         for i in range(len(batch)):
             critic_info, q = soft_updates.update_scalar_critics(

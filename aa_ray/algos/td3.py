@@ -30,6 +30,7 @@ from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 from torch import Tensor
 
 from aa_ray import ddp
+from aa_ray import metric_names as m
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.common import Batch
 from aa_ray.algos.config import LearningRates, MLPNetworks, OffPolicyKnobs, RLPDKnobs
@@ -101,6 +102,7 @@ class TD3(Bookkeeping):
                 info |= self.actor_update(b)
                 polyak_update_(self.policy.actor, self.actor_target, self.cfg.tau)
                 polyak_update_(self.critic, self.critic_target, self.cfg.tau)
+        info[m.ACTOR_LR] = self.schedule.current_lr()
         self.schedule.advance()
         return info
 
@@ -134,7 +136,7 @@ class TD3(Bookkeeping):
         actor_loss = -q1.float().mean()
         grad_norm = self.actor_step(actor_loss)
         return {
-            "actor/loss": actor_loss.detach(),
+            m.ACTOR_LOSS: actor_loss.detach(),
             "actor/grad_norm": grad_norm,
             "actor/action_saturation": (action.detach().abs() > 0.99).float().mean(),
             "actor/updates": torch.tensor(float(self.critic_updates // self.cfg.policy_delay)),

@@ -102,7 +102,10 @@ def _rename_old_knobs(payload: dict[str, Any]) -> None:
     algo = stored.get("algo") if isinstance(stored, dict) else None
     if not isinstance(algo, dict) or algo.get("name") not in ALGORITHMS:
         return
-    renamed = migrate_old_knobs(algo)
+    try:
+        renamed = migrate_old_knobs(algo)
+    except (TypeError, ValueError, ZeroDivisionError):  # a damaged section: the resume checks name it
+        return
     try:
         stored["algo"] = ALGORITHMS[algo["name"]].config.model_validate(renamed).model_dump(mode="json")
     except ValueError:

@@ -311,10 +311,7 @@ class EnvRunner:
         Only making the renderer is guarded; an error while acting or stepping is raised as it is."""
         from PIL import Image
 
-        try:
-            env = gym.make(self.spec.env.id, render_mode="rgb_array", **env_kwargs(self.spec))
-        except RENDER_BACKEND_ERRORS as err:
-            return None, self._no_video(err)
+        env = gym.make(self.spec.env.id, render_mode="rgb_array", **env_kwargs(self.spec))
         try:
             obs, _ = env.reset(seed=seeding.video_seed(self.spec.seed))  # evaluate()'s first episode
             try:

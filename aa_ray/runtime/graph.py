@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 import ray
 
+from aa_ray.algos.knobs import return_moments
 from aa_ray.runtime import cluster
 from aa_ray.runtime.checkpoint import REPLAY_FILE
 from aa_ray.runtime.env_runner import EnvRunner
@@ -38,7 +39,6 @@ from aa_ray.runtime.replay import ReplayBuffer
 from aa_ray.spec.experiment import ExperimentSpec
 
 # a dataset's observation moments join the normalizer like a runner's; its returns do not
-_NO_RETURNS = (0, 0.0, 1.0, 0.0)
 
 
 class RunnerRestart(NamedTuple):
@@ -179,7 +179,7 @@ class ActorGraph:
         }
 
     def restore(self, payload: dict[str, Any], replay_table: Any) -> None:
-        """Load a checkpoint's learner, replay and runner state into the actors (format 1 and 2)."""
+        """Load a checkpoint's learner, replay and runner state into the actors (formats 1 to 3)."""
         calls = [learner.load_state_dict.remote(payload["learner"]) for learner in self.learners]
         if self.replay is not None and replay_table is not None:
             source = str(Path(payload["folder"]) / REPLAY_FILE)
@@ -195,7 +195,7 @@ class ActorGraph:
         """Seed the normalizer with the RLPD dataset's observations (a fresh start; a restored
         normalizer already holds them)."""
         if self.prior_info is not None:
-            self.pending_stats.append({"obs": self.prior_info["obs"], "return": _NO_RETURNS})
+            self.pending_stats.append({"obs": self.prior_info["obs"], "return": return_moments([])})
 
     # ---- weights and updates ---------------------------------------------------------------------
     def request_weights(self) -> tuple[Any, Any]:

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 EVENTS_FILE = "events.jsonl"
-SPEC_FILE = "spec.yaml"
 
 
 def write_event(run_dir: Path, kind: str, env_steps: int, **details: Any) -> str:

@@ -23,7 +23,7 @@ Inside a Tune trial (`aa_ray.tune`) the actors go into the trial's own placement
 `reporter` hands each evaluation and checkpoint to Tune.
 
 RLPD (`algo.prior_data` set): the dataset is validated against the spec's env before Ray starts;
-learning still starts once `warm_up_steps` online transitions are stored (see `runtime/graph.py`).
+learning still starts once `warm_up_steps` online transitions are stored (`loops.learning_started`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,14 @@ from aa_ray.data.dataset import DatasetError, read_dataset
 from aa_ray.envs import env_dims
 from aa_ray.runtime import cluster
 from aa_ray.runtime.cadence import BUDGET, Cadence
-from aa_ray.runtime.checkpoint import load_checkpoint, read_replay, save_checkpoint, verify_resume
+from aa_ray.runtime.checkpoint import (
+    SPEC_FILE,
+    STATE_FILE,
+    load_checkpoint,
+    read_replay,
+    save_checkpoint,
+    verify_resume,
+)
 from aa_ray.runtime.counters import Counters, Window
 from aa_ray.runtime.env_state import pack, unpack
 from aa_ray.runtime.graph import ActorGraph, RunnerRestart
@@ -52,12 +59,10 @@ from aa_ray.runtime.loops import Iteration, make_loop
 from aa_ray.runtime.metrics import RunMetrics, run_tag
 from aa_ray.runtime.progress import ProgressDisplay
 from aa_ray.runtime.remote import ActorLost, LearnerFailed, TrainingError
-from aa_ray.runtime.run_files import EVENTS_FILE, SPEC_FILE, write_event, write_video
+from aa_ray.runtime.run_files import EVENTS_FILE, write_event, write_video
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import spec_hash, spec_yaml
 from aa_ray.tracking.mlflow_tracker import MlflowTracker, RunContext
-
-__all__ = ["ActorLost", "Reporter", "Trainer", "TrainingError"]
 
 # Called after each evaluation and checkpoint with the iteration's metrics and the checkpoint folder
 # written at that point (None if none was); a Tune trial reports both to Tune with it.
@@ -231,7 +236,7 @@ class Trainer:
 
     def _finish(self, stop_reason: str, final: Path) -> dict[str, Any]:
         if self.tracker is not None:
-            for name in ("state.pt", SPEC_FILE):
+            for name in (STATE_FILE, SPEC_FILE):
                 self.tracker.log_artifact(final / name, f"checkpoints/{final.name}")
             self.tracker.flush()  # before the final report: Tune may end a trial's process right after it
         if self.reporter is not None:

@@ -78,8 +78,9 @@ def format_validation_error(err: ValidationError, source: str) -> str:
         message = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             message = "unknown key (check the spelling; see README's spec reference)"
-            if e["loc"] and e["loc"][0] == "algo" and e["loc"][-1] in RENAMED_KNOBS:
-                message = f"unknown key: it was renamed, write {RENAMED_KNOBS[e['loc'][-1]]} instead"
+            renamed = RENAMED_KNOBS.get(e["loc"][1], {}) if len(e["loc"]) == 3 and e["loc"][0] == "algo" else {}
+            if e["loc"][-1] in renamed:
+                message = f"unknown key: it was renamed, write {renamed[e['loc'][-1]]} instead"
         # a whole-spec check (empty location) names its fields in the message; its input is the whole spec
         quiet = e["type"] in ("missing", "extra_forbidden") or not e["loc"]
         shown = "" if quiet else f" (got {e.get('input')!r})"

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import mlflow
-from mlflow.entities import Metric, Param, Run, RunTag
+from mlflow.entities import Metric, Param, Run
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from sqlalchemy.exc import SQLAlchemyError
@@ -193,9 +193,6 @@ class MlflowTracker:
         log_in_batches(self.client, self.run_id, metrics=self.pending)
         self.pending = []
         self.last_flush = time.monotonic()
-
-    def set_tag(self, key: str, value: str) -> None:
-        retry_locked(lambda: self.client.log_batch(self.run_id, tags=[RunTag(key, value)]))
 
     def log_artifacts(self, folder: Path, artifact_path: str) -> None:
         retry_locked(lambda: self.client.log_artifacts(self.run_id, str(folder), artifact_path))
