@@ -149,3 +149,34 @@ def run_part(args: argparse.Namespace, parts: dict[str, Any]) -> None:
     info = machine_info()
     print_machine(info)
     write_json(args.json, {"machine": info, **parts[args.part](args)})
+
+
+class HostReads:
+    """Counts tensor values read on the host (`.item()`, `float(t)`, `bool(t)`, `.tolist()`, ...)
+    while active: on a GPU each one waits for the device. Use as `with HostReads() as reads:`."""
+
+    READS = frozenset({"item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__"})
+
+    def __init__(self) -> None:
+        from torch.overrides import TorchFunctionMode
+
+        counter = self
+
+        class Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN202
+                if getattr(func, "__name__", "") in HostReads.READS:
+                    counter.names.append(func.__name__)
+                return func(*args, **(kwargs or {}))
+
+        self.mode, self.names = Mode(), []
+
+    def __enter__(self) -> HostReads:
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.mode.__exit__(*exc)
+
+    @property
+    def count(self) -> int:
+        return len(self.names)

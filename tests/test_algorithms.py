@@ -168,15 +168,15 @@ def test_lr_schedule_reaches_every_optimizer_and_survives_a_checkpoint(name: str
     algo = build(name, planned_steps=2, **extra)
     optimizers = [part.optimizer if hasattr(part, "optimizer") else part for key, part in algo.parts().items()
                   if key.endswith("_step") or key == "optimizer"]
-    starts = [group["lr"] for optimizer in optimizers for group in optimizer.param_groups]
+    starts = [float(group["lr"]) for optimizer in optimizers for group in optimizer.param_groups]
     for _ in range(1 if name == "ppo" else 2):
         algo.update(data_for(name))
-    ends = [group["lr"] for optimizer in optimizers for group in optimizer.param_groups]
+    ends = [float(group["lr"]) for optimizer in optimizers for group in optimizer.param_groups]
     assert ends == pytest.approx([start / 2 for start in starts])
     fresh = build(name, planned_steps=2, **extra)
     fresh.load_state_dict(copy.deepcopy(algo.state_dict()))
     fresh_parts = [fresh.parts()[key] for key in algo.parts() if key.endswith("_step") or key == "optimizer"]
-    loaded = [group["lr"] for part in fresh_parts for group in getattr(part, "optimizer", part).param_groups]
+    loaded = [float(group["lr"]) for part in fresh_parts for group in getattr(part, "optimizer", part).param_groups]
     assert loaded == pytest.approx(ends)
 
 

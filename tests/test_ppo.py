@@ -51,11 +51,16 @@ def test_clipped_surrogate_and_spo_losses() -> None:
 
 
 def test_adaptive_lr_moves_against_the_kl() -> None:
-    bounds = (1e-5, 1e-2)
-    assert adapt_lr(1e-3, kl=0.05, desired_kl=0.01, bounds=bounds) == pytest.approx(1e-3 / 1.5)
-    assert adapt_lr(1e-3, kl=0.001, desired_kl=0.01, bounds=bounds) == pytest.approx(1.5e-3)
-    assert adapt_lr(1e-3, kl=0.01, desired_kl=0.01, bounds=bounds) == 1e-3
-    assert adapt_lr(1e-2, kl=0.0, desired_kl=0.01, bounds=bounds) == 1e-2  # capped
+    bounds, t = (1e-5, 1e-2), torch.tensor
+
+    def adapted(lr: float, kl: float) -> float:
+        return float(adapt_lr(t(lr, dtype=torch.float64), t(kl), desired_kl=0.01, bounds=bounds))
+
+    assert adapted(1e-3, kl=0.05) == pytest.approx(1e-3 / 1.5)
+    assert adapted(1e-3, kl=0.001) == pytest.approx(1.5e-3)
+    assert adapted(1e-3, kl=0.01) == 1e-3
+    assert adapted(1e-2, kl=0.0) == 1e-2  # capped
+    assert adapted(1e-5, kl=0.05) == 1e-5  # floored
     assert float(explained_variance(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.0, 2.0, 3.0]))) == pytest.approx(1.0)
     assert np.isnan(float(explained_variance(torch.tensor([1.0, 2.0]), torch.tensor([5.0, 5.0]))))
 

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from aa_ray.algos.common import tensors_to_cpu
 from aa_ray.algos.contract import Health, ObsMoments, ReturnMoments
-from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, RewardNormalizer
+from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, RewardNormalizer, tensor_lrs_
 
 
 def save_parts(parts: Mapping[str, Any]) -> dict[str, Any]:
@@ -34,6 +34,8 @@ def load_parts(parts: Mapping[str, Any], state: Mapping[str, Any]) -> None:
                 part.copy_(state[name])
         else:
             part.load_state_dict(state[name])
+            if isinstance(part, torch.optim.Optimizer):  # PPO's: older checkpoints hold float lrs
+                tensor_lrs_(part)
 
 
 class Bookkeeping:
@@ -55,9 +57,9 @@ class Bookkeeping:
     def health(self) -> Health:
         steps = [part for part in self.parts().values() if isinstance(part, GradientStep)]
         return Health(
-            skipped_updates=sum(step.skipped for step in steps),
-            consecutive_skips=max((step.consecutive_skips for step in steps), default=0),
-            largest_value=float(self.largest_value),
+            skipped_updates=torch.stack([step.skipped for step in steps]).sum(),
+            consecutive_skips=torch.stack([step.consecutive_skips for step in steps]).max(),
+            largest_value=self.largest_value,
         )
 
     def policy_state(self) -> dict[str, Tensor]:

@@ -21,11 +21,12 @@ ReturnMoments = tuple[int, float, float, float]
 
 
 class Health(NamedTuple):
-    """Counts the runtime acts on (read once per learner iteration)."""
+    """Counts the runtime acts on, as tensors on the learner's device (read on the host once per
+    learner iteration, with the diagnostics)."""
 
-    skipped_updates: int  # gradient steps skipped so far for a non-finite loss or gradient
-    consecutive_skips: int  # the longest current run of such steps (the run stops past a limit)
-    largest_value: float  # the largest |value| the critic predicted in the last update (explosion check)
+    skipped_updates: Tensor  # gradient steps skipped so far for a non-finite loss or gradient
+    consecutive_skips: Tensor  # the longest current run of such steps (the run stops past a limit)
+    largest_value: Tensor  # the largest |value| the critic predicted in the last update (explosion check)
 
 
 class Algorithm(Protocol):

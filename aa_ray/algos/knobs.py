@@ -35,18 +35,20 @@ class GradientStep:
 
     A step whose loss or gradients are not finite is skipped (the parameters and optimizer state
     stay as they were) and counted in `skipped`; `consecutive_skips` says how many in a row. The
-    check runs after the gradient all-reduce, so all learners skip the same steps. Under fp16 the
-    grad scaler's own inf/nan skips (loss-scale calibration) are left to it.
+    decision and the counters stay on the device (the fused optimizers' `found_inf` flag), so a
+    step never waits for the host; the learner reads the counters once per update. The check runs
+    after the gradient all-reduce, so all learners skip the same steps. Under fp16 the grad
+    scaler's own inf/nan skips (loss-scale calibration) are left to it.
     """
 
     def __init__(
         self,
-        optimizer: torch.optim.Optimizer,  # a MuonWithAdamW is accepted too; the config refuses it with fp16
+        optimizer: torch.optim.Optimizer,  # fused Adam/AdamW or a MuonWithAdamW (the config refuses it with fp16)
         max_grad_norm: float | None,
         precision: str,
         device: torch.device,
         average_grads: bool = False,  # for tensors outside DDP modules (SAC's log-temperature)
-        project: Callable[[], None] | None = None,  # run after every step taken (SimbaV2's weight projection)
+        project: Callable[[Tensor], None] | None = None,  # after every step, given `step taken` (SimbaV2)
     ):
         self.optimizer = optimizer
         self.project = project
@@ -54,8 +56,8 @@ class GradientStep:
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.max_grad_norm = max_grad_norm
         self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
-        self.skipped = 0
-        self.consecutive_skips = 0
+        self.skipped = torch.zeros((), dtype=torch.int64, device=device)
+        self.consecutive_skips = torch.zeros((), dtype=torch.int64, device=device)
 
     def __call__(self, loss: Tensor) -> Tensor:
         self.optimizer.zero_grad(set_to_none=True)
@@ -69,22 +71,18 @@ class GradientStep:
             self.scaler.unscale_(self.optimizer)
         grads = [p.grad for p in self.params if p.grad is not None]
         norm = nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=loss.device)
-        # the skip decision is read on the host: one device sync per step (the speed work removes it)
-        if self.scaler is None and not bool(torch.isfinite(norm) & torch.isfinite(loss.detach())):
-            self.optimizer.zero_grad(set_to_none=True)
-            self.skipped += 1
-            self.consecutive_skips += 1
-            return norm.detach()
-        self.consecutive_skips = 0
-        if self.max_grad_norm is not None:
+        if self.max_grad_norm is not None:  # a non-finite norm makes the gradients non-finite: the step is skipped
             nn.utils.clip_grads_with_norm_(self.params, self.max_grad_norm, norm)
-        if self.scaler is None:
-            self.optimizer.step()
-        else:
+        if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
+            taken = torch.ones((), dtype=torch.bool, device=loss.device)
+        else:
+            taken = torch.isfinite(norm) & torch.isfinite(loss.detach())
+            count_skip_(self.skipped, self.consecutive_skips, taken)
+            step_if_(self.optimizer, taken)
         if self.project is not None:
-            self.project()
+            self.project(taken)
         return norm.detach()
 
     def state_dict(self) -> dict:
@@ -92,22 +90,86 @@ class GradientStep:
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
+        if isinstance(self.optimizer, torch.optim.Optimizer):  # a MuonWithAdamW restores its own
+            tensor_lrs_(self.optimizer)
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
 
 
-def make_optimizer(module: nn.Module, kind: str, lr: float) -> torch.optim.Optimizer:
+def count_skip_(skipped: Tensor, consecutive: Tensor, taken: Tensor) -> None:
+    """Device counters of skipped steps: the total, and the current run of them."""
+    skipped.add_(~taken)
+    consecutive.add_(1).mul_(~taken)
+
+
+def step_if_(optimizer: torch.optim.Optimizer | MuonWithAdamW, taken: Tensor) -> None:
+    """`optimizer.step()` where `taken` (a device bool) holds, and nothing at all where it does not,
+    without a host read: the fused optimizers skip on their `found_inf` flag (parameters, moments
+    and step count untouched); any other has its step undone on the device."""
+    if isinstance(optimizer, MuonWithAdamW):
+        muon, adamw = optimizer.parts
+        undone_unless_(muon, taken)
+        step_if_(adamw, taken)
+    elif optimizer.defaults.get("fused"):
+        optimizer.found_inf = (~taken).float()
+        optimizer.step()
+    else:
+        undone_unless_(optimizer, taken)
+
+
+@torch.no_grad()
+def undone_unless_(optimizer: torch.optim.Optimizer, taken: Tensor) -> None:
+    """The step of an optimizer without a fused skip (Muon, SGD), then parameters and state tensors
+    put back where not `taken`; state the step created starts from zero, as a fresh one would."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    saved = [
+        (p.clone(), {key: value.clone() for key, value in optimizer.state[p].items() if isinstance(value, Tensor)})
+        for p in params
+    ]
+    optimizer.step()
+    for p, (old, old_state) in zip(params, saved, strict=True):
+        p.copy_(torch.where(taken, p, old))
+        for key, value in optimizer.state[p].items():
+            if isinstance(value, Tensor):
+                value.copy_(torch.where(taken, value, old_state.get(key, torch.zeros_like(value))))
+
+
+def fused_adam(params: Iterable[Tensor] | Iterable[dict], lr: float, weight_decay: float = 0.0) -> torch.optim.Adam:
+    """Adam (AdamW with weight decay) with the fused kernel, which can skip a step on the device
+    (`step_if_`), and tensor learning rates, which a schedule moves without recompiling a
+    compiled step."""
+    kind = torch.optim.AdamW if weight_decay else torch.optim.Adam
+    optimizer = kind(params, lr=lr, weight_decay=weight_decay, fused=True)
+    tensor_lrs_(optimizer)
+    return optimizer
+
+
+def tensor_lrs_(optimizer: torch.optim.Optimizer) -> None:
+    """Every group's lr as a 0-d tensor on its parameters' device, and the kernel choice this build
+    made: a loaded state brings its saved groups' options (float lrs, an older checkpoint's
+    unfused Adam)."""
+    for group in optimizer.param_groups:
+        for option in ("fused", "foreach"):
+            if option in optimizer.defaults:
+                group[option] = optimizer.defaults[option]
+        lr, device = group["lr"], group["params"][0].device
+        if not isinstance(lr, Tensor) or lr.device != device:
+            group["lr"] = torch.tensor(float(lr), device=device)
+
+
+def make_optimizer(module: nn.Module, kind: str, lr: float) -> torch.optim.Optimizer | MuonWithAdamW:
     """Adam for everything, or Muon for the hidden weight matrices and AdamW for the rest
     (embeddings, heads, biases, gains), as the Muon authors recommend."""
     params = [p for p in module.parameters() if p.requires_grad]
     if kind == "adam":
-        return torch.optim.Adam(params, lr=lr, fused=True)
+        return fused_adam(params, lr)
     matrices = _hidden_matrices(module)
     ids = {id(p) for p in matrices}
     rest = [p for p in params if id(p) not in ids]
+    adamw = fused_adam(rest, lr, weight_decay=0.01)  # torch's AdamW default decay
     if not matrices:  # e.g. an ensemble's stacked (members, in, out) weights: torch's Muon takes 2-D only
-        return torch.optim.AdamW(rest, lr=lr)
-    return MuonWithAdamW(torch.optim.Muon(matrices, lr=lr), torch.optim.AdamW(rest, lr=lr))
+        return adamw
+    return MuonWithAdamW(torch.optim.Muon(matrices, lr=lr), adamw)
 
 
 def _hidden_matrices(module: nn.Module) -> list[Tensor]:
@@ -140,6 +202,7 @@ class MuonWithAdamW:
     def load_state_dict(self, state: dict) -> None:
         self.parts[0].load_state_dict(state["muon"])
         self.parts[1].load_state_dict(state["adamw"])
+        tensor_lrs_(self.parts[1])
 
 
 class RewardNormalizer(nn.Module):
@@ -220,6 +283,7 @@ class LinearLRSchedule:
     are looked up on every change because loading an optimizer's state replaces its group dicts."""
 
     def __init__(self, groups: Iterable[tuple[Any, int]], end_fraction: float, planned_steps: int):
+        # read once, when the run starts
         self.starts = [(optimizer, index, float(optimizer.param_groups[index]["lr"])) for optimizer, index in groups]
         self.end_fraction, self.planned_steps = end_fraction, planned_steps
         self.steps_done = 0
@@ -234,12 +298,16 @@ class LinearLRSchedule:
         self.steps_done = int(steps_done)
         for optimizer, index, start in self.starts:
             lr = scheduled_lr(start, self.end_fraction, self.steps_done, self.planned_steps)
-            optimizer.param_groups[index]["lr"] = lr
+            group = optimizer.param_groups[index]
+            if isinstance(group["lr"], Tensor):
+                group["lr"].fill_(lr)  # in place: a compiled step keeps reading the same tensor
+            else:  # Muon's groups
+                group["lr"] = lr
 
     def current_lr(self) -> Tensor:
-        """The first group's lr now, as a diagnostic (a CPU tensor, no device read)."""
+        """The first group's lr now, as a diagnostic tensor (no device read)."""
         optimizer, index, _ = self.starts[0]
-        return torch.tensor(float(optimizer.param_groups[index]["lr"]))
+        return torch.as_tensor(optimizer.param_groups[index]["lr"]).detach().clone()
 
 
 def every_group(*steps: GradientStep | None) -> list[tuple[Any, int]]:

@@ -19,7 +19,6 @@ from a KL target as in rsl_rl. Deliberate choices:
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal, NamedTuple
 
 import torch
@@ -31,7 +30,7 @@ from aa_ray import metric_names as m
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.config import LearningRates
 from aa_ray.algos.contract import Health
-from aa_ray.algos.knobs import LinearLRSchedule, RewardNormalizer
+from aa_ray.algos.knobs import LinearLRSchedule, RewardNormalizer, count_skip_, fused_adam, step_if_
 from aa_ray.nets.actor_critic import GaussianActorCritic
 
 
@@ -135,13 +134,11 @@ def spo_loss(ratio: Tensor, advantage: Tensor, eps: float) -> Tensor:
     return -(ratio * advantage - advantage.abs() * (ratio - 1.0).pow(2) / (2.0 * eps)).mean()
 
 
-def adapt_lr(lr: float, kl: float, desired_kl: float, bounds: tuple[float, float]) -> float:
-    """Shrink the step when the policy moved too far (KL > 2 x target), grow it when it barely moved."""
-    if kl > 2.0 * desired_kl:
-        return max(lr / 1.5, bounds[0])
-    if kl < 0.5 * desired_kl:
-        return min(lr * 1.5, bounds[1])
-    return lr
+def adapt_lr(lr: Tensor, kl: Tensor, desired_kl: float, bounds: tuple[float, float]) -> Tensor:
+    """Shrink the step when the policy moved too far (KL > 2 x target), grow it when it barely moved
+    (on the device: the lr is a tensor the fused optimizer reads)."""
+    shrunk, grown = (lr / 1.5).clamp_min(bounds[0]), (lr * 1.5).clamp_max(bounds[1])
+    return torch.where(kl > 2.0 * desired_kl, shrunk, torch.where(kl < 0.5 * desired_kl, grown, lr))
 
 
 def explained_variance(prediction: Tensor, target: Tensor) -> Tensor:
@@ -158,15 +155,17 @@ class PPO(Bookkeeping):
         self.policy = make_policy(cfg, obs_dim, act_dim).to(device)
         self.reward_norm = RewardNormalizer(cfg.normalize_reward).to(device)
         # param_groups[0] is the actor (its lr adapts to the KL), [1] the critic
-        self.optimizer = torch.optim.Adam([
+        self.optimizer = fused_adam([
             {"params": self.policy.actor.parameters(), "lr": cfg.actor_lr},
             {"params": self.policy.critic.parameters(), "lr": cfg.critic_lr},
-        ])
+        ], cfg.actor_lr)
         scheduled = [(self.optimizer, 1)] if cfg.desired_kl is not None else [(self.optimizer, 0), (self.optimizer, 1)]
         self.schedule = LinearLRSchedule(scheduled, cfg.lr_end_fraction, planned_steps)
         # several learners: DDP averages the actor's and critic's gradients; the normalizers stay plain
         self.actor_ddp, self.critic_ddp = ddp.wrap(self.policy.actor), ddp.wrap(self.policy.critic)
-        self.skipped = self.consecutive_skips = 0  # minibatch steps skipped for a non-finite loss or gradient
+        # minibatch steps skipped for a non-finite loss or gradient (device counters, see GradientStep)
+        self.skipped = torch.zeros((), dtype=torch.int64, device=device)
+        self.consecutive_skips = torch.zeros((), dtype=torch.int64, device=device)
         self.largest_value = torch.zeros(())
 
     def update(self, rollout: Rollout) -> dict[str, Tensor]:
@@ -189,7 +188,7 @@ class PPO(Bookkeeping):
                 info = self.update_minibatch(*(column[index] for column in rows))
                 if cfg.desired_kl is not None:
                     group = self.optimizer.param_groups[0]
-                    group["lr"] = adapt_lr(group["lr"], float(info["actor/approx_kl"]), cfg.desired_kl, cfg.lr_bounds)
+                    group["lr"].copy_(adapt_lr(group["lr"], info["actor/approx_kl"], cfg.desired_kl, cfg.lr_bounds))
                 for key, value in info.items():
                     totals[key] = totals.get(key, 0.0) + value
         minibatches = cfg.ppo_epochs * cfg.num_minibatches
@@ -198,7 +197,7 @@ class PPO(Bookkeeping):
 
         # 3. diagnostics of the data the update learned from
         return info | {
-            m.ACTOR_LR: torch.tensor(float(self.optimizer.param_groups[0]["lr"])),
+            m.ACTOR_LR: self.optimizer.param_groups[0]["lr"].detach().clone(),
             "actor/std": self.policy.actor.log_std.detach().exp().mean(),
             "critic/explained_var": explained_variance(rollout.value, returns),
             "critic/adv_mean": adv_mean,
@@ -227,14 +226,10 @@ class PPO(Bookkeeping):
         loss.backward()
         actor_norm = self._clip(self.policy.actor)
         critic_norm = self._clip(self.policy.critic)
-        # the finite check reads both norms on the host (as GradientStep does)
-        if math.isfinite(float(actor_norm + critic_norm)) and torch.isfinite(loss.detach()):
-            self.optimizer.step()
-            self.consecutive_skips = 0
-        else:  # leave the weights as they were (every learner sees the same all-reduced gradients)
-            self.optimizer.zero_grad(set_to_none=True)
-            self.skipped += 1
-            self.consecutive_skips += 1
+        # skipped on the device unless finite, as in GradientStep (every learner sees the same all-reduced gradients)
+        taken = torch.isfinite(actor_norm + critic_norm) & torch.isfinite(loss.detach())
+        count_skip_(self.skipped, self.consecutive_skips, taken)
+        step_if_(self.optimizer, taken)
 
         with torch.no_grad():
             approx_kl = ddp.global_mean(((ratio - 1.0) - log_ratio).mean())  # Schulman's k3 estimator, >= 0
@@ -255,7 +250,7 @@ class PPO(Bookkeeping):
         return nn.utils.clip_grad_norm_(module.parameters(), limit).detach()
 
     def health(self) -> Health:
-        return Health(self.skipped, self.consecutive_skips, float(self.largest_value))
+        return Health(self.skipped, self.consecutive_skips, self.largest_value)
 
     def parts(self) -> dict[str, Any]:
         # the optimizer's state includes the adapted lr

@@ -26,7 +26,7 @@ from aa_ray import metric_names as m
 from aa_ray.algos import config, soft_updates
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.common import Batch
-from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, RewardNormalizer, every_group, make_optimizer
+from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, RewardNormalizer, every_group, fused_adam, make_optimizer
 from aa_ray.nets.mlp import EnsembleQ, MLPActor, MLPValue
 from aa_ray.nets.policy import SquashedGaussianPolicy
 
@@ -55,7 +55,7 @@ class SAC(Bookkeeping):
         step = partial(GradientStep, max_grad_norm=cfg.max_grad_norm, precision=cfg.precision, device=device)
         self.actor_step = step(make_optimizer(self.policy.actor, cfg.optimizer, cfg.actor_lr))
         self.critic_step = step(make_optimizer(self.critic, cfg.optimizer, cfg.critic_lr))
-        self.alpha_step = step(torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr), average_grads=True)
+        self.alpha_step = step(fused_adam([self.log_alpha], cfg.alpha_lr), average_grads=True)
         self.value_step = step(make_optimizer(self.value, cfg.optimizer, cfg.critic_lr)) if self.value else None
         steps = (self.actor_step, self.critic_step, self.alpha_step, self.value_step)
         self.schedule = LinearLRSchedule(every_group(*steps), cfg.lr_end_fraction, planned_steps)

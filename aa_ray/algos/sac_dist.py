@@ -28,7 +28,7 @@ from aa_ray import metric_names as m
 from aa_ray.algos import config, soft_updates
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.common import Batch
-from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, every_group, make_optimizer
+from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, every_group, fused_adam, make_optimizer
 from aa_ray.nets.distributional import EnsembleCategoricalQ, expected_value, make_support
 from aa_ray.nets.mlp import MLPActor
 from aa_ray.nets.policy import SquashedGaussianPolicy
@@ -60,7 +60,7 @@ class SACDist(Bookkeeping):
         step = partial(GradientStep, max_grad_norm=cfg.max_grad_norm, precision=cfg.precision, device=device)
         self.actor_step = step(make_optimizer(self.policy.actor, cfg.optimizer, cfg.actor_lr))
         self.critic_step = step(make_optimizer(self.critic, cfg.optimizer, cfg.critic_lr))
-        self.alpha_step = step(torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr), average_grads=True)
+        self.alpha_step = step(fused_adam([self.log_alpha], cfg.alpha_lr), average_grads=True)
         groups = every_group(self.actor_step, self.critic_step, self.alpha_step)
         self.schedule = LinearLRSchedule(groups, cfg.lr_end_fraction, planned_steps)
         self.largest_value = torch.zeros(())

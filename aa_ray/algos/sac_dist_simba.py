@@ -26,7 +26,7 @@ from aa_ray import metric_names as m
 from aa_ray.algos import config, soft_updates
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.common import Batch
-from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, every_group, make_optimizer
+from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, every_group, fused_adam, make_optimizer
 from aa_ray.nets.distributional import SimbaV2CategoricalCritic, expected_value, make_support
 from aa_ray.nets.policy import SquashedGaussianPolicy
 from aa_ray.nets.simba import SimbaV2Actor, normalize_weights_
@@ -70,7 +70,7 @@ class SACDistSimba(Bookkeeping):
         self.critic_step = step(
             make_optimizer(critic, cfg.optimizer, cfg.critic_lr), project=partial(normalize_weights_, critic)
         )
-        self.alpha_step = step(torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr), average_grads=True)
+        self.alpha_step = step(fused_adam([self.log_alpha], cfg.alpha_lr), average_grads=True)
         self.schedule = LinearLRSchedule(
             every_group(self.actor_step, self.critic_step, self.alpha_step), cfg.lr_end_fraction, planned_steps
         )

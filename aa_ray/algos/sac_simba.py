@@ -23,7 +23,7 @@ from aa_ray import metric_names as m
 from aa_ray.algos import config, soft_updates
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.common import Batch
-from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, RewardNormalizer, every_group, make_optimizer
+from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, RewardNormalizer, every_group, fused_adam, make_optimizer
 from aa_ray.nets.policy import SquashedGaussianPolicy
 from aa_ray.nets.simba import SimbaV2Actor, SimbaV2Critic, SimbaV2Value, normalize_weights_
 
@@ -61,7 +61,7 @@ class SACSimba(Bookkeeping):
         self.critic_step = step(
             optimizer(self.critic, lr=cfg.critic_lr), project=partial(normalize_weights_, self.critic)
         )
-        self.alpha_step = step(torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr), average_grads=True)
+        self.alpha_step = step(fused_adam([self.log_alpha], cfg.alpha_lr), average_grads=True)
         self.value_step = (
             step(optimizer(self.value, lr=cfg.critic_lr), project=partial(normalize_weights_, self.value))
             if self.value else None

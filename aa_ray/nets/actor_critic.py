@@ -45,7 +45,8 @@ class GaussianActor(nn.Module):
 
     def distribution(self, obs: Tensor) -> torch.distributions.Normal:
         mean = self.mean(obs)
-        return torch.distributions.Normal(mean, self.log_std.exp().expand_as(mean))
+        # no argument validation: it reads the parameters on the host, a device sync per minibatch
+        return torch.distributions.Normal(mean, self.log_std.exp().expand_as(mean), validate_args=False)
 
 
 class ValueCritic(nn.Module):

@@ -66,13 +66,15 @@ class HyperKernel:
     kernel_norm_dim: int
 
     @torch.no_grad()
-    def normalize_(self) -> None:
+    def normalize_(self, where: Tensor | None = None) -> None:
         w = self.weight
         # Same x / max(||x||, eps) as l2_normalize, but via square-sum-sqrt: on CPU,
         # torch.linalg.vector_norm over a non-innermost dim (the (E, in, out) ensemble layout)
         # is ~20x slower than this.
-        norm = w.square().sum(dim=self.kernel_norm_dim, keepdim=True).sqrt_()
-        w.div_(norm.clamp_min_(_NORM_EPS))
+        norm = w.square().sum(dim=self.kernel_norm_dim, keepdim=True).sqrt_().clamp_min_(_NORM_EPS)
+        if where is not None:  # a skipped step leaves the (already unit) rows exactly as they were
+            norm = torch.where(where, norm, torch.ones_like(norm))
+        w.div_(norm)
 
 
 class HyperDense(HyperKernel, nn.Linear):
@@ -374,8 +376,9 @@ class SimbaV2Value(nn.Module):
 
 
 @torch.no_grad()
-def normalize_weights_(module: nn.Module) -> None:
-    """Re-project every HyperDense kernel in `module` onto the unit sphere.
+def normalize_weights_(module: nn.Module, where: Tensor | None = None) -> None:
+    """Re-project every HyperDense kernel in `module` onto the unit sphere (only if `where`, a
+    device bool, holds: the gradient step passes whether it stepped).
 
     Call after EVERY optimizer step (and after any manual weight surgery). Each output unit's
     weight vector (each row of ``weight``, per ensemble member) gets unit l2 norm. Scalers and
@@ -383,4 +386,4 @@ def normalize_weights_(module: nn.Module) -> None:
     """
     for m in module.modules():
         if isinstance(m, HyperKernel):
-            m.normalize_()
+            m.normalize_(where)

@@ -160,16 +160,16 @@ class Learner:
             self.algo.merge_stats(stats["obs"], stats["return"])
 
     def _finish(self, diagnostics: dict[str, Any], updates: int, start: float) -> dict[str, float]:
-        """The iteration's diagnostics, read on the host once, with the algorithm's health."""
-        info = diagnostics_to_floats(diagnostics)
+        """The iteration's diagnostics and the algorithm's health, read on the host in one transfer
+        (the only device sync of the iteration)."""
         health = self.algo.health()
+        info = diagnostics_to_floats(diagnostics | {
+            m.LEARNER_SKIPPED_UPDATES: health.skipped_updates,
+            m.LEARNER_CONSECUTIVE_SKIPS: health.consecutive_skips,
+            m.LEARNER_LARGEST_VALUE: health.largest_value,
+        })
         self.weights_version += 1
-        info |= {
-            m.LEARNER_UPDATE_TIME_S: time.perf_counter() - start,
-            m.LEARNER_SKIPPED_UPDATES: float(health.skipped_updates),
-            m.LEARNER_CONSECUTIVE_SKIPS: float(health.consecutive_skips),
-            m.LEARNER_LARGEST_VALUE: float(health.largest_value),
-        }
+        info[m.LEARNER_UPDATE_TIME_S] = time.perf_counter() - start
         self.metrics.inc("aa_ray_learner_updates", updates)
         self.metrics.set("aa_ray_learner_updates_per_s", updates / max(info[m.LEARNER_UPDATE_TIME_S], 1e-9))
         self.metrics.losses(info)

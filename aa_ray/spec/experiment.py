@@ -74,6 +74,14 @@ class LearnersSpec(SpecModel):
     collective_timeout_s: PositiveFloat = Field(
         300.0, description="how long a learner waits for the others in a collective before failing"
     )
+    compile: Literal["off", "on", "auto"] = Field(
+        "off",
+        description="torch.compile each gradient step (CUDA graphs too on a GPU); auto = on where it measured "
+        "faster (CUDA), off on the CPU. A machine where compiling fails trains eagerly (one logged event)",
+    )
+    matmul_precision: Literal["highest", "high"] = Field(
+        "highest", description="float32 matmuls: highest = full fp32; high = TF32 on GPUs that have it"
+    )
 
     @model_validator(mode="after")
     def _backend_fits_device(self) -> LearnersSpec:
@@ -113,6 +121,13 @@ class TrackingSpec(SpecModel):
 
 
 class RuntimeSpec(SpecModel):
+    backend: Literal["ray", "inline"] = Field(
+        "ray",
+        description="ray: every actor a Ray actor in the run's placement group; inline: the same plain classes "
+        "in this process, the sync loop in the same order (the numbers of ray's sync mode for a seed), Ray neither "
+        "started nor imported (debugging, notebooks, one-GPU machines). Inline runs one learner in sync mode, "
+        "ignores the CPU/GPU reservations and restarts nothing: an exception in any actor ends the run",
+    )
     mode: Literal["sync", "async"] = Field(
         "sync",
         description="sync: collection and updates in lockstep (reproducible); async: runners keep collecting "
@@ -141,6 +156,16 @@ class RuntimeSpec(SpecModel):
         60.0, description="fail if the cluster cannot place the actors within this time"
     )
 
+    @model_validator(mode="after")
+    def _inline_is_sync(self) -> RuntimeSpec:
+        if self.backend == "inline" and self.mode == "async":
+            raise ValueError(
+                "runtime.backend inline runs every actor in one process, one call after another, so it cannot "
+                "overlap collection and updates as runtime.mode async does; set runtime.mode: sync to run inline, "
+                "or runtime.backend: ray to run async"
+            )
+        return self
+
 
 class ExperimentSpec(SpecModel):
     name: str = Field(min_length=1, description="human name of the experiment")
@@ -159,6 +184,12 @@ class ExperimentSpec(SpecModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> ExperimentSpec:
+        if self.runtime.backend == "inline" and self.learners.num_learners > 1:
+            raise ValueError(
+                f"runtime.backend inline runs one learner in this process, but learners.num_learners is "
+                f"{self.learners.num_learners}: several learners train as separate processes in one torch process "
+                "group; set learners.num_learners: 1 to run inline, or runtime.backend: ray for several learners"
+            )
         if self.on_policy:
             return self._consistent_on_policy()
         if self.algo.warm_up_steps >= self.budget.env_steps:
