@@ -29,14 +29,14 @@ FORBIDDEN: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
     (("aa_ray.tune",), ("aa_ray.cli",)),
 ]
 
-# The only modules that may import Ray (at module level or inside a function): the actor shells,
-# the driver and its actor graph and loops, the cluster helpers, the metrics exporter (lazily, a
-# no-op without Ray), the rollout driver, Tune and the command line.
+# The only modules that may import Ray (at module level or inside a function): the cluster helpers
+# that make the Ray actor shells, the driver and its loops and waits (lazily: an inline run imports
+# no Ray), the metrics exporter (lazily, a no-op without Ray), the rollout driver, Tune and the
+# command line. The actor graph and the inline shells (`runtime/inline.py`) are not among them.
 RAY_ALLOWED = (
     "aa_ray.cli",
     "aa_ray.data.rollout",
     "aa_ray.runtime.cluster",
-    "aa_ray.runtime.graph",
     "aa_ray.runtime.loops",
     "aa_ray.runtime.metrics",
     "aa_ray.runtime.remote",

@@ -1,17 +1,23 @@
-"""Connecting to Ray and reserving a run's resources as one placement group (its bundles are
-`ExperimentSpec.bundles()`: the learners, then the env runners, then the replay actor)."""
+"""Connecting to Ray, reserving a run's resources as one placement group (its bundles are
+`ExperimentSpec.bundles()`: the learners, then the env runners, then the replay actor) and making
+the run's Ray actors in it (`RayActors`).
+
+Ray is imported inside the functions: the command line imports this module for its errors on
+every run, and a `runtime.backend: inline` run must not import Ray.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-
-import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from typing import TYPE_CHECKING, Any
 
 from aa_ray.spec.experiment import ExperimentSpec
+
+if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 TASK_EVENTS_KEPT = 10_000
 
@@ -24,6 +30,8 @@ def connect(spec: ExperimentSpec | None, cpus: float | None = None) -> bool:
     """Join `RAY_ADDRESS` when set, else start an embedded local Ray sized for the spec (or for
     `cpus`, e.g. a sweep's concurrent trials). Returns True when this call started Ray (and so
     should shut it down)."""
+    import ray
+
     if ray.is_initialized():
         return False
     # Workers inherit these: one BLAS/OpenMP thread each, torch threads are set per actor.
@@ -51,6 +59,8 @@ def connect(spec: ExperimentSpec | None, cpus: float | None = None) -> bool:
 
 def check_capacity(bundles: list[dict[str, float]], what: str = "the spec") -> None:
     """ResourceError, naming the resource, if the whole cluster could never hold these bundles."""
+    import ray
+
     wanted: dict[str, float] = {}
     for bundle in bundles:
         for resource, amount in bundle.items():
@@ -96,6 +106,9 @@ def job_tracking_problem(tracking: bool) -> str | None:
 def reserve(spec: ExperimentSpec, bundles: list[dict[str, float]] | None = None) -> PlacementGroup:
     """Create the run's placement group (`spec.bundles()` unless `bundles` is given); fail fast,
     naming the resource, if the cluster cannot hold it or cannot place it in time."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
     bundles = spec.bundles() if bundles is None else bundles
     check_capacity(bundles)
     group = placement_group(bundles, strategy="PACK")
@@ -116,6 +129,8 @@ def placement(
     unless `bundles` is given). Inside a Tune trial the trial's own placement group already holds
     them after bundle 0, the trial's driver (see `aa_ray.tune.trials`); anywhere else the run
     reserves its own group."""
+    import ray
+
     bundles = spec.bundles() if bundles is None else bundles
     current = ray.util.get_current_placement_group()
     if current is not None and current.bundle_specs[1:] == bundles:
@@ -124,12 +139,66 @@ def placement(
 
 
 def in_bundle(group: PlacementGroup, index: int) -> PlacementGroupSchedulingStrategy:
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
     return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index)
 
 
 def bundle_node_ip(group: PlacementGroup, index: int) -> str:
     """The IP address of the node that holds bundle `index` of a placed group (what
     `ray.util.get_node_ip_address()` returns on that node)."""
+    import ray
+
     node_id = ray.util.placement_group_table(group)["bundles_to_node_id"][index]
     addresses = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]}
     return addresses[node_id]
+
+
+class RayActors:
+    """Makes a run's Ray actors, each in its bundle (an index into `spec.bundles()`) of the run's
+    placement group, which creating this reserves (inside a Tune trial: takes the trial's, see
+    `placement`). The other backend is `aa_ray.runtime.inline.InlineActors`."""
+
+    def __init__(self, spec: ExperimentSpec):
+        self.group, self.bundle_offset, self.owns_group = placement(spec)
+
+    def start(self, cls: type, *args: Any, bundle: int, num_cpus: float, num_gpus: float = 0.0, **kwargs: Any) -> Any:
+        """`ray.remote(cls)` started in its bundle with `cls(*args, **kwargs)`: the actor's handle."""
+        import ray
+
+        options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "scheduling_strategy": self._bundle(bundle)}
+        return ray.remote(cls).options(**options).remote(*args, **kwargs)
+
+    def _bundle(self, index: int) -> PlacementGroupSchedulingStrategy:
+        return in_bundle(self.group, self.bundle_offset + index)  # a Tune trial's own bundle 0 is the trial's
+
+    def node_ip(self, bundle: int) -> str:
+        """The address of the node that holds `bundle` (several learners rendezvous on learner 0's)."""
+        return bundle_node_ip(self.group, self.bundle_offset + bundle)
+
+    def kill(self, actor: Any) -> None:
+        import ray
+
+        ray.kill(actor)
+
+    def dead(self, named: list[tuple[str, Any]]) -> list[str]:
+        """The names of the (name, actor) pairs whose actor is gone (a busy one, e.g. a learner
+        waiting on a dead peer's collective, does not answer within the timeout and is not counted)."""
+        import ray
+
+        pings = {actor.__ray_ready__.remote(): name for name, actor in named}
+        answered, _ = ray.wait(list(pings), num_returns=len(pings), timeout=10)
+        dead = []
+        for ref in answered:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:
+                dead.append(pings[ref])
+        return sorted(dead, key=[name for name, _ in named].index)
+
+    def close(self) -> None:
+        """Give back the placement group, if this run reserved it."""
+        if self.owns_group:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.group)

@@ -1,7 +1,10 @@
 """The actor graph: one run's learners, env runners and replay actor, in its placement group.
 
-Each actor is a thin Ray shell, `ray.remote(PlainClass).options(...)`, around a plain class that
-tests use in-process (`Learner`, `EnvRunner`, `ReplayBuffer`). The group's bundles are
+Each actor is a thin shell around a plain class that tests use in-process (`Learner`,
+`EnvRunner`, `ReplayBuffer`), made by the spec's backend (`actor_backend`, chosen here only):
+`runtime.backend: ray` makes `ray.remote(PlainClass)` actors in the run's placement group
+(`cluster.RayActors`), `inline` makes in-process shells with the same call interface
+(`aa_ray.runtime.inline`), so this module and the loops drive both alike. The group's bundles are
 `spec.bundles()` in order: L learners, R runners, then the replay actor (off-policy only).
 
 Data never passes through the driver: transitions go runner -> replay and replay -> learners,
@@ -15,6 +18,7 @@ address and every learner joins it; each is then given its own shard of every gl
 Faults: a runner that died or raised is replaced in its own bundle by a new incarnation (fresh
 seeds, so it does not replay its predecessor's episodes); a dead learner or replay actor means
 rebuilding the whole graph (`rebuild`), after which the trainer loads the last checkpoint into it.
+Inline actors are neither replaced nor rebuilt: an exception in one ends the run.
 
 RLPD (`algo.prior_data` set): the replay actor loads the dataset into its prior buffer, and every
 batch it samples is `[prior rows | online rows]` at `algo.prior_data_ratio`; the dataset's
@@ -26,19 +30,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import ray
-
 from aa_ray.algos.knobs import return_moments
-from aa_ray.runtime import cluster
 from aa_ray.runtime.checkpoint import REPLAY_FILE
+from aa_ray.runtime.cluster import RayActors
 from aa_ray.runtime.env_runner import EnvRunner
+from aa_ray.runtime.inline import InlineActors
 from aa_ray.runtime.learner import Learner
 from aa_ray.runtime.metrics import run_tag
 from aa_ray.runtime.remote import ActorLost, LearnerFailed, TrainingError, get_results
 from aa_ray.runtime.replay import ReplayBuffer
 from aa_ray.spec.experiment import ExperimentSpec
-
-# a dataset's observation moments join the normalizer like a runner's; its returns do not
 
 
 class RunnerRestart(NamedTuple):
@@ -53,14 +54,21 @@ def update_batches(spec: ExperimentSpec) -> int:
     return spec.algo.train_every * spec.algo.utd_ratio
 
 
+def actor_backend(spec: ExperimentSpec) -> RayActors | InlineActors:
+    """What makes the run's actors: Ray actors in a placement group (which this reserves), or
+    `runtime.backend: inline`'s plain objects in this process."""
+    return InlineActors() if spec.runtime.backend == "inline" else RayActors(spec)
+
+
 class ActorGraph:
     """Makes, feeds, restores and rebuilds the run's actors. Creating one reserves the placement
-    group (inside a Tune trial: takes the trial's); `start` makes the actors, `close` ends both."""
+    group (inside a Tune trial: takes the trial's; inline: none); `start` makes the actors, `close`
+    ends both."""
 
     def __init__(self, spec: ExperimentSpec, obs_dim: int, act_dim: int, prior_path: Path | None = None):
         self.spec = spec
         self.obs_dim, self.act_dim, self.prior_path = obs_dim, act_dim, prior_path
-        self.group, self.bundle_offset, self.owns_group = cluster.placement(spec)
+        self.actors = actor_backend(spec)
         self.learners: list[Any] = []
         self.runners: list[Any] = []
         self.replay: Any | None = None  # on-policy algorithms learn from fresh rollouts only
@@ -76,20 +84,20 @@ class ActorGraph:
         actor loads the RLPD dataset."""
         spec = self.spec
         self.learners = [
-            ray.remote(Learner).options(
-                num_cpus=spec.learners.cpus_per_learner, num_gpus=spec.learners.gpus_per_learner,
-                scheduling_strategy=self._bundle(rank),
-            ).remote(spec, self.obs_dim, self.act_dim, rank)
+            self.actors.start(
+                Learner, spec, self.obs_dim, self.act_dim, rank,
+                bundle=rank, num_cpus=spec.learners.cpus_per_learner, num_gpus=spec.learners.gpus_per_learner,
+            )
             for rank in range(spec.learners.num_learners)
         ]
         self.runners = [self._make_runner(index) for index in range(spec.runners.num_runners)]
         if not spec.on_policy:
-            self.replay = ray.remote(ReplayBuffer).options(
-                num_cpus=spec.runtime.replay_cpus,
-                scheduling_strategy=self._bundle(spec.learners.num_learners + spec.runners.num_runners),
-            ).remote(spec.algo.buffer_size, self.obs_dim, self.act_dim, seed=spec.seed, run=run_tag(spec))
-        if len(self.learners) > 1:
-            host = cluster.bundle_node_ip(self.group, self.bundle_offset)  # learner 0's node
+            self.replay = self.actors.start(
+                ReplayBuffer, spec.algo.buffer_size, self.obs_dim, self.act_dim, seed=spec.seed, run=run_tag(spec),
+                bundle=spec.learners.num_learners + spec.runners.num_runners, num_cpus=spec.runtime.replay_cpus,
+            )
+        if len(self.learners) > 1:  # Ray only: the spec refuses several learners inline
+            host = self.actors.node_ip(0)  # learner 0's node
             address = get_results(self.learners[0].rendezvous_address.remote(host))
             get_results([learner.join.remote(address) for learner in self.learners])
         if self.prior_path is not None:
@@ -98,27 +106,22 @@ class ActorGraph:
                 self.replay.load_prior.remote(str(self.prior_path), algo.prior_data_ratio, algo.gamma, spec.env.id)
             )
 
-    def _bundle(self, index: int) -> Any:
-        """Where the actor of `spec.bundles()[index]` goes (a Tune trial's own bundle 0 is the trial's)."""
-        return cluster.in_bundle(self.group, self.bundle_offset + index)
-
     def _make_runner(self, index: int, incarnation: int = 0) -> Any:
-        return ray.remote(EnvRunner).options(
-            num_cpus=self.spec.runners.cpus_per_runner,
-            scheduling_strategy=self._bundle(self.spec.learners.num_learners + index),
-        ).remote(self.spec, index, incarnation)
+        return self.actors.start(
+            EnvRunner, self.spec, index, incarnation,
+            bundle=self.spec.learners.num_learners + index, num_cpus=self.spec.runners.cpus_per_runner,
+        )
 
     def kill(self) -> None:
         for actor in [*self.learners, self.replay, *self.runners]:
             if actor is not None:
-                ray.kill(actor)
+                self.actors.kill(actor)
         self.learners, self.runners, self.replay = [], [], None
 
     def close(self) -> None:
         """Kill the actors and give back the placement group (if this graph reserved it)."""
         self.kill()
-        if self.owns_group:
-            ray.util.remove_placement_group(self.group)
+        self.actors.close()
 
     # ---- faults ----------------------------------------------------------------------------------
     def replace_runner(self, index: int, reason: str) -> int:
@@ -132,7 +135,7 @@ class ActorGraph:
                 f"env runner {index} failed ({reason}) after runtime.max_runner_restarts={limit} restarts "
                 "in this run; fix the env (or raise the limit) and resume from the last checkpoint"
             )
-        ray.kill(self.runners[index])  # one whose env raised is still alive and holds its bundle
+        self.actors.kill(self.runners[index])  # one whose env raised is still alive and holds its bundle
         self.runners[index] = self._make_runner(index, incarnation=self.runner_restarts)
         if self.weights is not None:
             self.runners[index].set_weights.remote(*self.weights)
@@ -151,15 +154,7 @@ class ActorGraph:
         named = [(f"learner {rank}", learner) for rank, learner in enumerate(self.learners)]
         named += [("replay", self.replay)] if self.replay is not None else []
         named += [(f"env runner {index}", runner) for index, runner in enumerate(self.runners)]
-        pings = {actor.__ray_ready__.remote(): name for name, actor in named}
-        answered, _ = ray.wait(list(pings), num_returns=len(pings), timeout=10)
-        dead = []
-        for ref in answered:
-            try:
-                ray.get(ref)
-            except ray.exceptions.RayActorError:
-                dead.append(pings[ref])
-        return sorted(dead, key=[name for name, _ in named].index)
+        return self.actors.dead(named)
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def snapshot(self, with_replay_table: bool) -> dict[str, Any]:
@@ -195,6 +190,7 @@ class ActorGraph:
         """Seed the normalizer with the RLPD dataset's observations (a fresh start; a restored
         normalizer already holds them)."""
         if self.prior_info is not None:
+            # a dataset's observation moments join the normalizer like a runner's; its returns do not
             self.pending_stats.append({"obs": self.prior_info["obs"], "return": return_moments([])})
 
     # ---- weights and updates ---------------------------------------------------------------------

@@ -25,6 +25,10 @@ all of them, and the new weights reach the runners before their next rollout. An
 which a runner failed is not learned from (its envs' share is missing).
 
 A runner that fails is replaced at once (`ActorGraph.replace_runner`) and named in the iteration.
+
+The sync and on-policy loops drive Ray actors and `runtime.backend: inline`'s in-process ones
+alike (`aa_ray.runtime.inline`); the async loop waits on whichever Ray ref lands first, so it
+runs on Ray only (the spec refuses async inline).
 """
 
 from __future__ import annotations
@@ -32,8 +36,6 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
-
-import ray
 
 from aa_ray import metric_names as m
 from aa_ray.runtime.graph import ActorGraph, RunnerRestart, update_batches
@@ -178,6 +180,8 @@ class AsyncLoop:
             self.idle.discard(index)
 
     def step(self) -> Iteration:
+        import ray  # async mode is Ray's only (never imported by an inline run)
+
         graph, it = self.graph, Iteration()
         while True:
             self._start_chunks()

@@ -1,15 +1,19 @@
-"""Waiting on actors: `ray.get` that turns an actor's failure into one readable error.
+"""Waiting on actors: `ray.get` (or, for inline actors, reading their ready results) that turns an
+actor's failure into one readable error.
 
 Used by every driver that calls actors (the trainer, `aa_ray.data.rollout`). An actor that raised
 surfaces as `TrainingError` with its own exception's message; an actor that is gone (killed, out
 of memory, its node lost) as `ActorLost`, which the trainer recovers from.
+
+A call on an inline actor (`runtime.backend: inline`, `aa_ray.runtime.inline`) runs when it is
+submitted and returns a `Ready` where a Ray actor returns an object ref; Ray is imported only to
+wait on real refs, so the inline path runs where Ray is not installed.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
-
-import ray
 
 
 class TrainingError(RuntimeError):
@@ -24,8 +28,23 @@ class LearnerFailed(TrainingError):
     """A learner raised: the run cannot go on (the trainer adds where to resume from)."""
 
 
+@dataclass(frozen=True)
+class Ready:
+    """An inline actor call's outcome, computed when the call was submitted: its return value, or
+    the exception it raised (`error`) and which method raised it (`call`, e.g. "EnvRunner.sample")."""
+
+    value: Any = None
+    error: Exception | None = None
+    call: str = ""
+
+    def failure(self) -> str:
+        return f"{self.call} raised {type(self.error).__name__}: {self.error}"
+
+
 def describe_failure(err: Exception) -> str:
-    """One line for an actor's failure: its own exception, or why the actor is gone."""
+    """One line for a Ray actor's failure: its own exception, or why the actor is gone."""
+    import ray
+
     if isinstance(err, ray.exceptions.RayTaskError):
         cause = err.cause if getattr(err, "cause", None) is not None else err
         return f"{type(cause).__name__}: {cause}"
@@ -37,7 +56,12 @@ def describe_failure(err: Exception) -> str:
 def get_results(refs: Any) -> Any:
     """ray.get that surfaces the actor's exception message instead of a Ray traceback. For a list,
     the first failure is raised as soon as it happens, not after the refs before it finish (a dead
-    learner must not leave the driver waiting on its peers' collective timeout)."""
+    learner must not leave the driver waiting on its peers' collective timeout). Inline results are
+    read without Ray; a failed one raises with the actor's own exception (and traceback) as cause."""
+    if isinstance(refs, Ready) or (isinstance(refs, list) and all(isinstance(ref, Ready) for ref in refs)):
+        return _read_ready(refs)  # also an empty list: nothing to wait on
+    import ray
+
     try:
         if isinstance(refs, list) and len(refs) > 1:
             pending = list(refs)
@@ -51,9 +75,27 @@ def get_results(refs: Any) -> Any:
         raise TrainingError(describe_failure(err)) from None
 
 
+def _read_ready(refs: Ready | list[Ready]) -> Any:
+    for ref in refs if isinstance(refs, list) else [refs]:
+        if ref.error is not None:
+            raise TrainingError(ref.failure()) from ref.error
+    return [ref.value for ref in refs] if isinstance(refs, list) else refs.value
+
+
 def get_or_failure(ref: Any) -> tuple[Any, str | None]:
     """(the result, None), or (None, why) when the actor behind `ref` raised or died: for actors
-    the driver replaces rather than stopping the run for (env runners)."""
+    the driver replaces rather than stopping the run for (env runners). Inline actors are never
+    replaced: a failed inline result raises TrainingError, which ends the run."""
+    if isinstance(ref, Ready):
+        if ref.error is not None:
+            raise TrainingError(
+                f"{ref.failure()}; runtime.backend inline restarts no actor, so the run stopped: fix the cause, "
+                "or use runtime.backend: ray, which replaces a failed env runner up to runtime.max_runner_restarts "
+                "times"
+            ) from ref.error
+        return ref.value, None
+    import ray
+
     try:
         return ray.get(ref), None
     except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as err:

@@ -22,6 +22,9 @@ run resumed from one continues exactly as the uninterrupted run would have.
 Inside a Tune trial (`aa_ray.tune`) the actors go into the trial's own placement group, and a
 `reporter` hands each evaluation and checkpoint to Tune.
 
+`runtime.backend: inline` runs the same actor graph in this process (`aa_ray.runtime.inline`):
+Ray is neither started nor imported, and MLflow is imported only when the run is tracked.
+
 RLPD (`algo.prior_data` set): the dataset is validated against the spec's env before Ray starts;
 learning still starts once `warm_up_steps` online transitions are stored (`loops.learning_started`).
 """
@@ -31,9 +34,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import ray
 import torch
 
 from aa_ray import metric_names as m
@@ -62,7 +64,9 @@ from aa_ray.runtime.remote import ActorLost, LearnerFailed, TrainingError
 from aa_ray.runtime.run_files import EVENTS_FILE, write_event, write_video
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import spec_hash, spec_yaml
-from aa_ray.tracking.mlflow_tracker import MlflowTracker, RunContext
+
+if TYPE_CHECKING:
+    from aa_ray.tracking.mlflow_tracker import MlflowTracker, RunContext
 
 # Called after each evaluation and checkpoint with the iteration's metrics and the checkpoint folder
 # written at that point (None if none was); a Tune trial reports both to Tune with it.
@@ -125,7 +129,8 @@ class Trainer:
         obs_dim, act_dim = env_dims(self.spec)  # a spec whose env cannot be made stops here
         prior_path = self.check_prior_data(obs_dim, act_dim)  # so does a dataset that does not fit it
         replay_table = self._check_resume(obs_dim, act_dim) if self.resume is not None else None
-        started_ray = cluster.connect(self.spec)
+        # inline actors live in this process: no Ray to start or join
+        started_ray = self.spec.runtime.backend == "ray" and cluster.connect(self.spec)
         status = "FAILED"
         try:
             self.graph = ActorGraph(self.spec, obs_dim, act_dim, prior_path)
@@ -278,6 +283,8 @@ class Trainer:
     def _start_tracking(self) -> None:
         if not self.track:
             return
+        from aa_ray.tracking.mlflow_tracker import MlflowTracker  # an untracked run needs no MLflow
+
         run_id = self.resume.get("mlflow_run_id") if self.resume else None
         self.tracker = MlflowTracker(self.spec, run_id=run_id, context=self.context)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -292,6 +299,8 @@ class Trainer:
         if self.graph is not None:
             self.graph.close()
         if started_ray:
+            import ray
+
             ray.shutdown()
 
     # ---- checkpoints -----------------------------------------------------------------------------

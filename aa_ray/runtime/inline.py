@@ -1,0 +1,122 @@
+"""The inline backend (`runtime.backend: inline`): the run's actors as plain objects in the
+driver's process, driven by the same `ActorGraph` and loops as Ray actors, with no Ray at all.
+
+`InlineActors` takes the place of `cluster.RayActors` in the graph: it wraps each plain class
+(`Learner`, `EnvRunner`, `ReplayBuffer`) in an `InlineActor` shell. `shell.method.remote(*args)`
+(and `shell.method.options(num_returns=n).remote(...)`) runs the method at once and returns
+`remote.Ready` results where Ray returns object refs; a `Ready` given as an argument is passed on
+as its value, and `remote.get_results` / `get_or_failure` read them without Ray.
+
+Why this gives the Ray backend's sync-mode numbers exactly: Ray runs each actor's calls in the
+order they were submitted, and running every call when it is submitted keeps that order. What
+the actors' separate processes kept apart, each shell keeps apart: its own torch global random
+generator (a learner seeds it, an env runner's policy initialisation draws from it) and its own
+torch thread count, swapped in around each of its calls. CUDA's generators need no swapping: only
+the learner uses the GPU, and inline has one learner.
+
+Results are handed on by reference, not copied through an object store; that is safe because
+the plain classes return fresh objects (policy weights are copies) and take copies of what they
+keep.
+
+Faults: a method that raises yields a failed `Ready` (a call given one fails the same way, as
+with Ray); reading it raises `TrainingError` with the actor's exception as its cause. Nothing is
+restarted: an env runner's failure ends the run like a learner's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from aa_ray.runtime.remote import Ready, TrainingError
+
+
+class InlineActor:
+    """A plain object behind an actor handle's interface; `instance` is the object itself (to look
+    into from a debugger or a notebook)."""
+
+    def __init__(self, cls: type, *args: Any, **kwargs: Any):
+        self._torch_rng = torch.Generator().get_state()  # a generator of its own, as in a process of its own
+        self._torch_threads = torch.get_num_threads()
+        try:
+            with self._own_torch_state():
+                self.instance = cls(*args, **kwargs)
+        except Exception as err:
+            raise TrainingError(f"{cls.__name__} could not start: {type(err).__name__}: {err}") from err
+
+    def __getattr__(self, name: str) -> InlineMethod:
+        if name.startswith("_") or name == "instance":  # not set yet (a failed __init__), or private
+            raise AttributeError(name)
+        getattr(self.instance, name)  # an unknown method fails here, as it does on a Ray actor handle
+        return InlineMethod(self, name)
+
+    def call(self, method: str, args: tuple, kwargs: dict[str, Any]) -> Ready:
+        """Run `instance.method` now; a failed `Ready` among the arguments fails the call unrun."""
+        where = f"{type(self.instance).__name__}.{method}"
+        for given in (*args, *kwargs.values()):
+            if isinstance(given, Ready) and given.error is not None:
+                return given
+        args = tuple(_value(given) for given in args)
+        kwargs = {key: _value(given) for key, given in kwargs.items()}
+        try:
+            with self._own_torch_state():
+                return Ready(getattr(self.instance, method)(*args, **kwargs), call=where)
+        except Exception as err:
+            return Ready(error=err, call=where)
+
+    @contextmanager
+    def _own_torch_state(self) -> Iterator[None]:
+        """This actor's torch generator and thread count for the duration of one call."""
+        driver_rng, driver_threads = torch.get_rng_state(), torch.get_num_threads()
+        torch.set_rng_state(self._torch_rng)
+        torch.set_num_threads(self._torch_threads)
+        try:
+            yield
+        finally:
+            self._torch_rng, self._torch_threads = torch.get_rng_state(), torch.get_num_threads()
+            torch.set_rng_state(driver_rng)
+            torch.set_num_threads(driver_threads)
+
+
+class InlineMethod:
+    """`shell.method`: `.remote(...)` runs it, `.options(num_returns=n)` splits a tuple result."""
+
+    def __init__(self, actor: InlineActor, name: str, num_returns: int = 1):
+        self.actor, self.name, self.num_returns = actor, name, num_returns
+
+    def options(self, *, num_returns: int = 1) -> InlineMethod:
+        return InlineMethod(self.actor, self.name, num_returns)
+
+    def remote(self, *args: Any, **kwargs: Any) -> Ready | tuple[Ready, ...]:
+        outcome = self.actor.call(self.name, args, kwargs)
+        if self.num_returns == 1:
+            return outcome
+        if outcome.error is not None:
+            return (outcome,) * self.num_returns
+        return tuple(Ready(value, call=outcome.call) for value in outcome.value)
+
+
+class InlineActors:
+    """Makes a run's actors as `InlineActor`s in this process; the placement arguments the graph
+    gives Ray (bundle, CPUs, GPUs) mean nothing here. An inline actor cannot die apart from the
+    driver, so nothing is ever lost, killed or given back."""
+
+    def start(self, cls: type, *args: Any, bundle: int, num_cpus: float, num_gpus: float = 0.0,
+              **kwargs: Any) -> InlineActor:
+        return InlineActor(cls, *args, **kwargs)
+
+    def kill(self, actor: InlineActor) -> None:
+        """Nothing to end: the object goes when the graph lets go of it."""
+
+    def dead(self, named: list[tuple[str, Any]]) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        """No placement group to give back."""
+
+
+def _value(given: Any) -> Any:
+    return given.value if isinstance(given, Ready) else given
