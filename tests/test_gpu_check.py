@@ -1,0 +1,76 @@
+"""`benchmarks/gpu_check.py --dry-run`: the GPU check's code path on the CPU at tiny sizes, so the
+script a GPU box runs once, unattended, is known to work before it gets there."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "gpu_check.py"
+
+
+def run_check(tmp_path: Path, *args: str, timeout: float = 120) -> dict[str, Any]:
+    out = tmp_path / "gpu_check.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), *args],
+        capture_output=True, text=True, cwd=REPO, timeout=timeout,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert out.with_suffix(".md").is_file()
+    result = json.loads(out.read_text())
+    # what the GPU box lacks: the inline, untracked path must not import them
+    assert result["loaded"] == {"ray": False, "mlflow": False}
+    return result
+
+
+def test_timings_dry_run_gives_every_row(tmp_path: Path) -> None:
+    result = run_check(tmp_path, "--part", "timings")
+    assert result["status"] == "ok", result
+    assert {"fp32_256", "bf16_256"} <= set(result["matmul_peak_tflops"])
+    assert all(value > 0 for value in result["matmul_peak_tflops"].values())
+    rows = result["timings"]
+    grid = {(r["algo"], r["batch"], r["compile"], r["precision"]) for r in rows}
+    assert grid == {(algo, 32, mode, precision) for algo in ("sac", "sac_simba")
+                    for mode in ("off", "on") for precision in ("fp32", "bf16")}
+    for row in rows:
+        assert row["gflop_per_update"] > 0
+        if row["compile"] == "on" and row["status"] != "ok":
+            # a cold compile takes minutes on a small CPU: the dry run's 4 s cap must cut it short
+            assert row["status"].startswith("compile timed out"), row
+            continue
+        assert row["status"] == "ok", row
+        assert row["updates_per_s"] > 0 and row["transitions_per_s"] == row["updates_per_s"] * 32
+        assert row["tflops"] > 0 and row["percent_of_peak"] > 0
+    # the same math whatever compile and precision do: one FLOP count per (algo, batch)
+    for algo in ("sac", "sac_simba"):
+        assert len({r["gflop_per_update"] for r in rows if r["algo"] == algo}) == 1
+
+
+def test_compiled_config_in_a_child_process(tmp_path: Path) -> None:
+    """On a GPU each compiled config runs in a child process (a compile that crashes or hangs costs
+    its row only); the dry run keeps them in-process for speed, so check the child path here: the
+    row comes back from the child, timed or cut short by the child's own compile cap."""
+    args = ("--part", "timings", "--algos", "sac", "--compile", "on", "--precisions", "fp32", "--compile-in-child")
+    (row,) = run_check(tmp_path, *args)["timings"]
+    assert (row["algo"], row["compile"], row["gflop_per_update"] > 0) == ("sac", "on", True), row
+    if row["status"] != "ok":  # the child's soft cap, not the parent's hard kill
+        assert row["status"].startswith("compile timed out (took more than"), row
+    else:
+        assert row["updates_per_s"] > 0 and row["tflops"] > 0
+
+
+def test_train_dry_run_trains_inline_until_the_deadline(tmp_path: Path) -> None:
+    """The training slice with runtime.backend inline and tracking off, on Pendulum-v1, given a
+    budget it cannot reach: the wall-clock deadline stops it, after one last evaluation."""
+    result = run_check(tmp_path, "--part", "train", "--train-s", "10", "--train-set", "budget.env_steps=1000000")
+    train = result["train"]
+    assert train["status"] == "ok", train
+    assert train["deadline_installed"] and train["stop_reason"] == "wall-clock slice"
+    assert 64 < train["env_steps"] < 1_000_000 and train["env_steps_per_s"] > 0  # past the 64-step warm-up
+    assert train["critic_updates"] > 0 and train["learning_env_steps_per_s"] > 0
+    assert math.isfinite(train["last_eval_return"]) and train["last_eval_at_env_steps"] == train["env_steps"]
