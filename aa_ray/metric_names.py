@@ -28,6 +28,7 @@ LEARNER_UPDATES_PER_S = "learner/updates_per_s"
 LEARNER_CRITIC_UPDATES = "learner/critic_updates"
 LEARNER_SKIPPED_UPDATES = "learner/skipped_updates"
 LEARNER_CONSECUTIVE_SKIPS = "learner/consecutive_skips"
+LEARNER_COMPILED = "learner/compiled"  # 1 while the update runs compiled (learners.compile)
 LEARNER_LARGEST_VALUE = "learner/largest_value"  # largest |Q| (or |V|) of the last update
 LEARNER_Q_EXPLODING = "learner/q_exploding"
 

@@ -238,7 +238,8 @@ def timing_spec(config: Config, dry_run: bool, matmul_precision: str) -> Any:
     return load_spec(SPEC_FILES[config.algo], overrides)
 
 
-def matmul_peak(device: Any, sizes: Sequence[int], seconds: float) -> dict[str, float]:
+def matmul_peak(device: Any, sizes: Sequence[int], seconds: float,
+                labels: Sequence[str] = ("fp32", "bf16")) -> dict[str, float]:
     """TFLOP/s of square matmuls in fp32 (TF32 off: the true fp32 rate) and bf16, each size timed
     for about `seconds`. The float32 matmul setting is put back afterwards."""
     import torch
@@ -247,7 +248,8 @@ def matmul_peak(device: Any, sizes: Sequence[int], seconds: float) -> dict[str, 
     torch.set_float32_matmul_precision("highest")  # also turns TF32 off for CUDA matmuls
     peak: dict[str, float] = {}
     try:
-        for dtype, label in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        for label in labels:
+            dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[label]
             for n in sizes:
                 a = torch.randn(n, n, device=device, dtype=dtype)
                 b = torch.randn(n, n, device=device, dtype=dtype)

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from aa_ray.algos.common import tensors_to_cpu
 from aa_ray.algos.contract import Health, ObsMoments, ReturnMoments
-from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, RewardNormalizer, tensor_lrs_
+from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, RewardNormalizer, compile_networks_, tensor_lrs_
 
 
 def save_parts(parts: Mapping[str, Any]) -> dict[str, Any]:
@@ -39,7 +39,7 @@ def load_parts(parts: Mapping[str, Any], state: Mapping[str, Any]) -> None:
 
 
 class Bookkeeping:
-    """merge_stats, health, policy_state, state_dict and load_state_dict from `parts()` (checkpoint
+    """compile, merge_stats, health, policy_state, state_dict and load_state_dict from `parts()` (checkpoint
     key -> module, GradientStep, schedule or tensor) and the attributes `policy` (with its
     `obs_norm`), `reward_norm` and `largest_value` (|Q| or |V| of the last update, a tensor)."""
 
@@ -49,6 +49,12 @@ class Bookkeeping:
 
     def parts(self) -> dict[str, Any]:
         raise NotImplementedError
+
+    def compile(self, device: torch.device) -> None:
+        """Compile every network the update runs (normalizers are too small to gain anything)."""
+        parts = self.parts().values()
+        compile_networks_([p for p in parts if isinstance(p, nn.Module) and not isinstance(p, RewardNormalizer)],
+                          device)
 
     def merge_stats(self, obs: ObsMoments, returns: ReturnMoments) -> None:
         self.policy.obs_norm.merge(*obs)

@@ -39,6 +39,11 @@ class Algorithm(Protocol):
         batches. On-policy: a `Rollout` of (train_every, envs)."""
         ...
 
+    def compile(self, device: torch.device) -> None:
+        """torch.compile the networks `update` runs (called once, before the first update, when
+        `learners.compile` asks for it); the update must then match the eager one to float tolerance."""
+        ...
+
     def merge_stats(self, obs: ObsMoments, returns: ReturnMoments) -> None:
         """Fold the env runners' moments into the observation and reward normalizers."""
         ...

@@ -260,6 +260,15 @@ def polyak_update_(online: nn.Module, target: nn.Module, tau: float) -> None:
     torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)
 
 
+def compile_networks_(modules: Iterable[nn.Module], device: torch.device) -> None:
+    """torch.compile each module's forward in place (checkpoint keys unchanged); AOTAutograd
+    compiles the matching backward. On CUDA the compiled graphs are also captured as CUDA graphs
+    ("reduce-overhead"), which removes the kernel-launch cost that dominates small networks."""
+    mode = "reduce-overhead" if device.type == "cuda" else "default"
+    for module in modules:
+        module.compile(mode=mode, dynamic=False)
+
+
 @contextlib.contextmanager
 def frozen(module: nn.Module) -> Iterator[nn.Module]:
     """The module scores an input without collecting weight gradients (saves a third of the

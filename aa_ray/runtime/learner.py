@@ -13,8 +13,11 @@ is given its own shard of every global batch; rank 0 reports metrics and weights
 
 from __future__ import annotations
 
+import copy
+import logging
 import socket
 import time
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -30,6 +33,8 @@ from aa_ray.algos.contract import Algorithm, diagnostics_to_floats
 from aa_ray.algos.ppo import Rollout
 from aa_ray.runtime.metrics import RunMetrics, run_tag
 from aa_ray.spec.experiment import ExperimentSpec
+
+log = logging.getLogger(__name__)
 
 
 def learner_device(spec: ExperimentSpec) -> torch.device:
@@ -50,6 +55,12 @@ def collective_backend(spec: ExperimentSpec) -> str:
     return "nccl" if spec.learners.gpus_per_learner > 0 else "gloo"
 
 
+def compiles(spec: ExperimentSpec, device: torch.device) -> bool:
+    """`learners.compile`: auto compiles on CUDA only. On the CPU a compiled SAC update measured
+    slower than the eager one (benchmarks/RESULTS.md, "Compiled updates")."""
+    return spec.learners.compile == "on" or (spec.learners.compile == "auto" and device.type == "cuda")
+
+
 def planned_fleet_steps(spec: ExperimentSpec) -> int:
     """Fleet steps the run will learn from: what learning-rate schedules run over."""
     return spec.budget.env_steps // spec.transitions_per_fleet_step
@@ -61,6 +72,13 @@ class Learner:
         self.spec, self.obs_dim, self.act_dim = spec, obs_dim, act_dim
         self.rank, self.world_size = rank, spec.learners.num_learners
         self.device = learner_device(spec)
+        if self.device.type == "cuda":  # TF32 matmuls and convolutions, or full fp32
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = (
+                spec.learners.matmul_precision == "high"
+            )
+        self.compiled = compiles(spec, self.device)
+        self.compile_checked = not self.compiled  # the first compiled update is guarded (`_eager_if_compiling_fails`)
+        self.feed = DeviceFeed(self.device)
         self.weights_version = 0
         self.critic_updates = 0
         self.algo: Algorithm | None = None  # built once this learner is in its process group
@@ -104,6 +122,10 @@ class Learner:
         self.algo = build_algorithm(
             self.spec.algo, self.obs_dim, self.act_dim, self.device, planned_fleet_steps(self.spec)
         )
+        if self.compiled:
+            # compiled sampling noise draws from torch's generator as eager does, so the two match
+            torch._inductor.config.fallback_random = True
+            self.algo.compile(self.device)
 
     def _copy_rank0_state(self) -> None:
         """Targets, normalizers and optimizer moments are not DDP's business: copy them all."""
@@ -120,20 +142,23 @@ class Learner:
         learner's shard of the global batch); `norm_stats` are the runners' observation and return
         moments of the data added since the last call, merged into the normalizers here so they stay
         frozen during the updates (every rank merges the same list, so they agree)."""
+        return self._eager_if_compiling_fails(lambda: self._update(samples, norm_stats))
+
+    def _update(self, samples: dict[str, Any], norm_stats: list[dict]) -> dict[str, float]:
         start = time.perf_counter()
-        self._merge(norm_stats)
-        batches = Batch.from_numpy(samples, self.device)
+        rows = len(samples["reward"])
         utd = self.spec.algo.utd_ratio
-        if len(batches) % utd:
+        if rows % utd:
             raise ValueError(
-                f"the learner was given {len(batches)} batches, not a whole number of fleet steps of "
+                f"the learner was given {rows} batches, not a whole number of fleet steps of "
                 f"algo.utd_ratio={utd} batches each; the replay sample must be train_every x utd_ratio batches"
             )
+        self._merge(norm_stats)
         diagnostics: dict[str, Any] = {}
-        for first in range(0, len(batches), utd):
-            diagnostics = self.algo.update(Batch(*(t[first : first + utd] for t in batches)))
-        self.critic_updates += len(batches)
-        info = self._finish(diagnostics, len(batches), start)
+        for fleet_step in self.feed.fleet_steps(samples, utd):
+            diagnostics = self.algo.update(fleet_step)
+        self.critic_updates += rows
+        info = self._finish(diagnostics, rows, start)
         info[m.LEARNER_CRITIC_UPDATES] = float(self.critic_updates)
         return info
 
@@ -141,6 +166,9 @@ class Learner:
         """One on-policy update on the runners' rollouts, each (train_every, E, ...): this learner
         takes its share of the envs. The normalizers take the rollouts' statistics only after the
         update, so the update sees the observations exactly as the acting policy did."""
+        return self._eager_if_compiling_fails(lambda: self._update_rollouts(norm_stats, *rollouts))
+
+    def _update_rollouts(self, norm_stats: list[dict], *rollouts: dict[str, Any]) -> dict[str, float]:
         start = time.perf_counter()
         columns = {key: np.concatenate([r[key] for r in rollouts], axis=1) for key in rollouts[0]}
         envs = columns["reward"].shape[1]
@@ -154,6 +182,26 @@ class Learner:
         diagnostics = self.algo.update(Rollout.from_numpy(mine, self.device))
         self._merge(norm_stats)
         return self._finish(diagnostics, self.spec.algo.ppo_epochs * self.spec.algo.num_minibatches, start)
+
+    def _eager_if_compiling_fails(self, update: Callable[[], dict[str, float]]) -> dict[str, float]:
+        """Compilation happens inside the first compiled update. If it fails there, the learner says
+        so once, goes back to the state from before that update and trains eagerly from then on."""
+        if self.compile_checked:
+            return update()
+        before = copy.deepcopy(self.state_dict())
+        try:
+            info = update()
+        except Exception as err:  # dynamo and inductor raise many types; an eager rerun re-raises real bugs
+            log.warning(
+                "learners.compile: compiling the update failed on this machine (%s: %s); training eagerly",
+                type(err).__name__, " ".join(str(err).split())[:400],
+            )
+            self.compiled = False
+            self._build()
+            self._load(before)
+            info = update()
+        self.compile_checked = True
+        return info
 
     def _merge(self, norm_stats: list[dict]) -> None:
         for stats in norm_stats:
@@ -170,6 +218,7 @@ class Learner:
         })
         self.weights_version += 1
         info[m.LEARNER_UPDATE_TIME_S] = time.perf_counter() - start
+        info[m.LEARNER_COMPILED] = float(self.compiled)
         self.metrics.inc("aa_ray_learner_updates", updates)
         self.metrics.set("aa_ray_learner_updates_per_s", updates / max(info[m.LEARNER_UPDATE_TIME_S], 1e-9))
         self.metrics.losses(info)
@@ -200,6 +249,39 @@ class Learner:
         """Every trained and target tensor of the model, flattened (to compare learners)."""
         tensors = [v for v in _flatten(self.algo.state_dict()) if v.is_floating_point()]
         return torch.cat([t.detach().reshape(-1).cpu().float() for t in tensors])
+
+
+class DeviceFeed:
+    """Moves a learner iteration's replay sample to the device and hands it out one fleet step at a
+    time. On CUDA the host arrays go through pinned memory and every fleet step's copy is queued at
+    once on a side stream, so fleet step k+1 is copied while k trains and the host never waits; on
+    the CPU it is one tensor copy, sliced."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def fleet_steps(self, samples: dict[str, Any], utd: int) -> Iterator[Batch]:
+        rows = len(samples["reward"])
+        if self.stream is None:
+            batches = Batch.from_numpy(samples, self.device)
+            for first in range(0, rows, utd):
+                yield Batch(*(t[first : first + utd] for t in batches))
+            return
+        pinned = [torch.tensor(samples[name], dtype=torch.float32).pin_memory() for name in Batch._fields]
+        compute = torch.cuda.current_stream(self.device)
+        staged = []
+        with torch.cuda.stream(self.stream):
+            for first in range(0, rows, utd):
+                fleet_step = Batch(*(t[first : first + utd].to(self.device, non_blocking=True) for t in pinned))
+                copied = torch.cuda.Event()
+                copied.record(self.stream)
+                staged.append((fleet_step, copied))
+        for fleet_step, copied in staged:
+            compute.wait_event(copied)
+            for tensor in fleet_step:
+                tensor.record_stream(compute)  # allocated on the side stream, used on this one
+            yield fleet_step
 
 
 def _flatten(tree: Any) -> list[torch.Tensor]:

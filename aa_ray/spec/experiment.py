@@ -83,6 +83,12 @@ class LearnersSpec(SpecModel):
         "highest", description="float32 matmuls: highest = full fp32; high = TF32 on GPUs that have it"
     )
 
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: Any) -> Any:
+        # YAML 1.1, which PyYAML reads, turns a bare on/off into true/false
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
     @model_validator(mode="after")
     def _backend_fits_device(self) -> LearnersSpec:
         if self.backend == "nccl" and self.gpus_per_learner == 0:
