@@ -13,10 +13,8 @@ Contenders (run alternately, A B C ..., then ... C B A, and so on):
 - SB3: `stable_baselines3.SAC("MlpPolicy", ...)` with learning_starts=warm-up, batch 256,
   train_freq 1, gradient_steps 1, net_arch [256, 256], buffer 100k, device cpu;
   `model.learn(total_timesteps=budget)`.
-- aa-ray (no Ray): `EnvRunner`, `ReplayBuffer`, `Learner` driven in this process with the
-  Trainer's iteration structure (sample `train_every` steps; replay.sample + learner.update on
-  `train_every * utd` batches with the runners' pending normalizer stats; set_weights;
-  replay.add), sequentially. It mirrors `SyncLoop.step` (aa_ray/runtime/loops.py); keep the two in step.
+- aa-ray inline: the same `Trainer` with `runtime.backend: inline`: env runner, replay and
+  learner as plain objects in this process, the sync loop in order (no overlap, no Ray).
 - the same two aa-ray contenders with `algo.train_every=1` (per-iteration overhead), unless
   `--skip-train-every-1`.
 
@@ -50,12 +48,8 @@ from _common import (  # noqa: E402
     print_table,
     write_json,
 )
-from _timed import actor_niceness, learning_phase, run_timed, start_ray, trainer_overrides  # noqa: E402
+from _timed import actor_niceness, run_timed, start_ray, trainer_overrides  # noqa: E402
 
-from aa_ray.envs import env_dims  # noqa: E402
-from aa_ray.runtime.env_runner import EnvRunner  # noqa: E402
-from aa_ray.runtime.learner import Learner  # noqa: E402
-from aa_ray.runtime.replay import ReplayBuffer  # noqa: E402
 from aa_ray.spec.loader import load_spec  # noqa: E402
 
 DETAILS: dict[str, list[dict[str, float]]] = {}  # per contender: the learning-phase breakdown of each run
@@ -75,32 +69,6 @@ def breakdown(name: str, phase: dict[str, float], updates_per_iter: int) -> floa
 def run_aa_ray(name: str, spec, quiet: bool) -> float:
     phase = run_timed(spec, track=False, quiet=quiet)
     return breakdown(name, phase, spec.algo.train_every * spec.algo.utd_ratio)
-
-
-def run_no_ray(name: str, spec) -> float:
-    """The Trainer's iteration, in one process and in sequence."""
-    algo = spec.algo
-    obs_dim, act_dim = env_dims(spec)
-    runner = EnvRunner(spec, 0)
-    learner = Learner(spec, obs_dim, act_dim)
-    replay = ReplayBuffer(algo.buffer_size, obs_dim, act_dim, seed=spec.seed)
-    runner.set_weights(*learner.policy_state())
-    steps, learning, pending = 0, False, []
-    stamps: list[tuple[float, int, float]] = []
-    while steps < spec.budget.env_steps:
-        transitions, stats = runner.sample(algo.train_every, steps < algo.warm_up_steps)
-        update_s = 0.0
-        if learning:
-            batches = replay.sample(algo.train_every * algo.utd_ratio, algo.batch_size)
-            update_s = learner.update(batches, pending)["learner/update_time_s"]
-            pending = []
-            runner.set_weights(*learner.policy_state())
-        replay.add(transitions)
-        steps += stats["env_steps"]
-        pending.append(stats["norm_stats"])
-        learning = learning or steps >= algo.warm_up_steps
-        stamps.append((time.perf_counter(), steps, update_s))
-    return breakdown(name, learning_phase(stamps, algo.warm_up_steps), algo.train_every * algo.utd_ratio)
 
 
 def run_sb3(budget: int, warm_up: int, seed: int = 0) -> float:
@@ -147,25 +115,30 @@ def main() -> None:
     out = Path(tempfile.mkdtemp(prefix="aa_ray_bench_"))
     spec = load_spec(SPECS / "sac_pendulum.yaml", trainer_overrides(args.budget, args.warm_up, None, out))
     spec_te1 = load_spec(SPECS / "sac_pendulum.yaml", trainer_overrides(args.budget, args.warm_up, 1, out))
+    inline_spec, inline_te1 = (
+        load_spec(SPECS / "sac_pendulum.yaml", [*trainer_overrides(args.budget, args.warm_up, every, out),
+                                                "runtime.backend=inline"])
+        for every in (None, 1)
+    )
     te = spec.algo.train_every
     start_ray(spec, args.ray_worker_niceness)
     info["ray_actor_niceness"] = actor_niceness()
     quiet = not args.verbose
     print(f"# Pendulum-v1, budget {args.budget}, warm-up {args.warm_up}, UTD 1, batch 256, 256x256, "
           f"spec train_every {te}, {args.reps} reps; rates = env steps/s in the learning phase")
-    print(f"# Ray actors run at nice {info['ray_actor_niceness']}, this process (SB3, no-Ray) at nice {os.nice(0)}")
+    print(f"# Ray actors run at nice {info['ray_actor_niceness']}, this process (SB3, inline) at nice {os.nice(0)}")
 
-    ray16, noray16 = f"aa-ray Ray (train_every={te})", f"aa-ray no-Ray (train_every={te})"
-    ray1, noray1 = "aa-ray Ray (train_every=1)", "aa-ray no-Ray (train_every=1)"
+    ray16, noray16 = f"aa-ray Ray (train_every={te})", f"aa-ray inline (train_every={te})"
+    ray1, noray1 = "aa-ray Ray (train_every=1)", "aa-ray inline (train_every=1)"
     contenders = [
         (ray16, lambda: run_aa_ray(ray16, spec, quiet)),
         ("SB3 SAC", lambda: run_sb3(args.budget, args.warm_up)),
-        (noray16, lambda: run_no_ray(noray16, spec)),
+        (noray16, lambda: run_aa_ray(noray16, inline_spec, quiet)),
     ]
     if not args.skip_train_every_1:
         contenders += [
             (ray1, lambda: run_aa_ray(ray1, spec_te1, quiet)),
-            (noray1, lambda: run_no_ray(noray1, spec_te1)),
+            (noray1, lambda: run_aa_ray(noray1, inline_te1, quiet)),
         ]
     names = [n for n, _ in contenders]
     rates = alternate(contenders, args.reps)
@@ -182,15 +155,15 @@ def main() -> None:
     )
     ratios = {
         f"aa-ray Ray te={te} / SB3": median_ratio(rates, ray16, "SB3 SAC"),
-        f"aa-ray Ray te={te} / aa-ray no-Ray te={te}": median_ratio(rates, ray16, noray16),
-        f"aa-ray no-Ray te={te} / SB3": median_ratio(rates, noray16, "SB3 SAC"),
+        f"aa-ray Ray te={te} / aa-ray inline te={te}": median_ratio(rates, ray16, noray16),
+        f"aa-ray inline te={te} / SB3": median_ratio(rates, noray16, "SB3 SAC"),
     }
     if not args.skip_train_every_1:
         ratios.update({
             "aa-ray Ray te=1 / SB3": median_ratio(rates, ray1, "SB3 SAC"),
             f"aa-ray Ray te=1 / Ray te={te}": median_ratio(rates, ray1, ray16),
-            f"aa-ray no-Ray te=1 / no-Ray te={te}": median_ratio(rates, noray1, noray16),
-            "aa-ray Ray te=1 / no-Ray te=1": median_ratio(rates, ray1, noray1),
+            f"aa-ray inline te=1 / inline te={te}": median_ratio(rates, noray1, noray16),
+            "aa-ray Ray te=1 / inline te=1": median_ratio(rates, ray1, noray1),
         })
     print("\nratios (median of per-rep ratios)")
     print_table(["ratio", "value"], [[k, v] for k, v in ratios.items()])
