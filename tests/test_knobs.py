@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from aa_ray.algos.common import Batch
-from aa_ray.algos.knobs import GradientStep, RewardNormalizer, prior_rows, scheduled_lr
+from aa_ray.algos.knobs import GradientStep, RewardNormalizer, make_optimizer, prior_rows, scheduled_lr
 from aa_ray.algos.losses import bee_target, expectile_loss, rlpd_diagnostics, td_loss
 from aa_ray.algos.sac import SAC, SACConfig
 from aa_ray.spec.loader import SpecError, validate_spec
@@ -144,3 +144,27 @@ def test_simba_networks_train_under_bf16_autocast() -> None:
     )
     info = algo.update(Batch(*(t.unsqueeze(0) for t in one_batch())))
     assert np.isfinite(float(info["critic/q_loss"])) and np.isfinite(float(info["actor/loss"]))
+
+
+@pytest.mark.parametrize("kind", ["adam", "muon"])
+def test_a_non_finite_step_leaves_parameters_and_optimizer_state_exactly_as_they_were(kind: str) -> None:
+    """Fused Adam skips on its device flag; Muon (no fused skip) has its step undone on the device."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.ReLU(),
+                              torch.nn.Linear(8, 1))
+    optimizer = make_optimizer(net, kind, 1e-2)
+    step = GradientStep(optimizer, max_grad_norm=1.0, precision="fp32", device=torch.device("cpu"))
+    x = torch.randn(16, 4)
+    step(net(x).pow(2).mean())
+    parts = getattr(optimizer, "parts", (optimizer,))
+
+    def snapshot() -> list[torch.Tensor]:
+        state = [v for part in parts for s in part.state.values() for v in s.values() if torch.is_tensor(v)]
+        return [t.detach().clone() for t in [*net.parameters(), *state]]
+
+    before = snapshot()
+    step(net(x).pow(2).mean() * float("nan"))
+    assert all(torch.equal(a, b) for a, b in zip(snapshot(), before, strict=True))
+    assert (int(step.skipped), int(step.consecutive_skips)) == (1, 1)
+    step(net(x).pow(2).mean())
+    assert not torch.equal(snapshot()[0], before[0]) and int(step.consecutive_skips) == 0
