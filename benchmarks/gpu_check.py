@@ -496,6 +496,8 @@ def train_overrides(args: argparse.Namespace, run_dir: Path, env_steps: int) -> 
         # 16 envs x train_every 8 = 128 transitions per iteration, utd 4 -> 32 critic updates: a
         # replay ratio of 1/4, enough updates to learn within the slice without starving the envs
         "algo.train_every=8", "algo.utd_ratio=4",
+        # the paper's rates, not specs/sac_simba.yaml's (tuned for a short CPU run on pusher-reach)
+        "algo.actor_lr=0.0001", "algo.critic_lr=0.0001", "algo.lr_end_fraction=0.5",
         "eval.every_env_steps=25000", "eval.episodes=5",
         *SIMBA_PAPER, *args.train_set,
     ]
