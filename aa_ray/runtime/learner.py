@@ -57,7 +57,7 @@ def collective_backend(spec: ExperimentSpec) -> str:
 
 def compiles(spec: ExperimentSpec, device: torch.device) -> bool:
     """`learners.compile`: auto compiles on CUDA only. On the CPU a compiled SAC update measured
-    slower than the eager one (benchmarks/RESULTS.md, "Compiled updates")."""
+    slower than the eager one (benchmarks/RESULTS.md, section 12)."""
     return spec.learners.compile == "on" or (spec.learners.compile == "auto" and device.type == "cuda")
 
 
