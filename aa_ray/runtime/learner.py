@@ -192,14 +192,14 @@ class Learner:
         try:
             info = update()
         except Exception as err:  # dynamo and inductor raise many types; an eager rerun re-raises real bugs
+            self.compiled = False
+            self._build()
+            self._load(before)
+            info = update()  # a bug of the update itself raises here, before any word about compiling
             log.warning(
                 "learners.compile: compiling the update failed on this machine (%s: %s); training eagerly",
                 type(err).__name__, " ".join(str(err).split())[:400],
             )
-            self.compiled = False
-            self._build()
-            self._load(before)
-            info = update()
         self.compile_checked = True
         return info
 
