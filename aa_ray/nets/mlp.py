@@ -15,7 +15,9 @@ def mlp(in_dim: int, hidden_dims: Sequence[int], out_dim: int) -> nn.Sequential:
     """Linear-ReLU layers of the given widths, then a linear output layer."""
     layers: list[nn.Module] = []
     for width in hidden_dims:
-        layers += [nn.Linear(in_dim, width), nn.ReLU()]
+        # in place: the linear layer's output is not needed again, and one activation-sized write
+        # fewer per layer counts on a CPU, where these element-wise passes are bound by memory
+        layers += [nn.Linear(in_dim, width), nn.ReLU(inplace=True)]
         in_dim = width
     return nn.Sequential(*layers, nn.Linear(in_dim, out_dim))
 
@@ -34,6 +36,17 @@ class MLPActor(nn.Module):
         return mean, log_std
 
 
+def ensemble_matmul(x: Tensor, weight: Tensor) -> Tensor:
+    """x @ weight per ensemble member, (members or none, batch, in) x (members, in, out).
+
+    A one-column product (a scalar head) is a broadcast multiply and a sum: the batched matmul
+    kernels are far slower at width 1 on a CPU, above all in the backward pass, where the input's
+    gradient becomes an outer product with an inner dimension of 1."""
+    if weight.shape[-1] == 1:
+        return (x * weight.transpose(-1, -2)).sum(-1, keepdim=True)
+    return torch.matmul(x, weight)
+
+
 class EnsembleLinear(nn.Module):
     """`num_members` independent linear layers applied with one batched matmul."""
 
@@ -46,6 +59,8 @@ class EnsembleLinear(nn.Module):
         nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: Tensor) -> Tensor:  # x: (members, batch, in_dim)
+        if self.weight.shape[-1] == 1:
+            return ensemble_matmul(x, self.weight) + self.bias
         return torch.baddbmm(self.bias, x, self.weight)
 
 
@@ -80,7 +95,7 @@ class EnsembleMLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         for layer, norm in zip(self.layers[:-1], self.norms, strict=True):
-            x = torch.relu(norm(layer(x)))
+            x = torch.relu_(norm(layer(x)))  # in place, as in `mlp`
         return self.layers[-1](x)
 
 

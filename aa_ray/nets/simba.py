@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aa_ray.nets.mlp import ensemble_matmul
+
 __all__ = [
     "EnsembleHyperDense",
     "HyperDense",
@@ -125,7 +127,7 @@ class EnsembleHyperDense(HyperKernel, nn.Module):
         self.normalize_()
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.matmul(x, self.weight)
+        return ensemble_matmul(x, self.weight)
 
     def extra_repr(self) -> str:
         return (
@@ -211,7 +213,7 @@ class HyperLERPBlock(nn.Module):
     def forward(self, h: Tensor) -> Tensor:
         # The +eps keeps the input of W2 from being all zeros (dead ReLUs), which would make the
         # following l2-normalisation divide by zero.
-        u = F.relu(self.scaler(self.w1(h))) + _NORM_EPS
+        u = F.relu(self.scaler(self.w1(h)), inplace=True) + _NORM_EPS
         h_new = l2_normalize(self.w2(u))
         # lerp(h, h_new, a) == h + a * (h_new - h), fused into one kernel.
         # (under autocast h may be bf16 while the scaler is fp32; lerp wants one dtype)
