@@ -1,5 +1,5 @@
 """`aa-ray` command line: run and validate experiment specs, record transition datasets, run
-Tune sweeps and multi-stage pipelines."""
+Tune sweeps, benchmark suites and multi-stage pipelines."""
 
 from __future__ import annotations
 
@@ -52,6 +52,13 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("spec", help="path to a YAML sweep spec")
     sweep.add_argument("--no-track", action="store_true", help="do not record the sweep in MLflow")
 
+    suite = commands.add_parser(
+        "suite", help="a benchmark suite: specs x envs x seeds as Tune trials, resumable (see specs/suites/)"
+    )
+    suite.add_argument("spec", help="path to a YAML suite spec")
+    suite.add_argument("--force", action="store_true", help="rerun every cell under a new parent run")
+    suite.add_argument("--no-track", action="store_true", help="do not record the suite in MLflow")
+
     pipeline = commands.add_parser("pipeline", help="train / rollout / train stages as Tune trials (specs/pipelines/)")
     pipeline.add_argument("spec", help="path to a YAML pipeline spec")
     pipeline.add_argument("--force", action="store_true", help="rerun every stage, even unchanged completed ones")
@@ -89,7 +96,7 @@ def _fail(message: str, code: int = 2) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command in ("sweep", "pipeline"):
+    if args.command in ("sweep", "suite", "pipeline"):
         return _tune_command(args)
     if args.command == "report":
         return _report(args)
@@ -203,7 +210,7 @@ def _report(args: argparse.Namespace) -> int:
                              run_ids=args.runs, threshold=args.threshold, mode=args.mode)
     except (ReportError, MlflowException) as err:
         return _fail(str(err).splitlines()[0])
-    for row in result["rows"]:
+    for row in [*result["rows"], *result.get("iqm", [])]:
         print("  ".join(f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
                         for key, value in row.items()))
     print(f"report: {result['html']} and {result['png']}" + (f" (also logged to run {args.parent})"
@@ -212,10 +219,11 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _tune_command(args: argparse.Namespace) -> int:
-    from aa_ray.tune.specs import load_pipeline, load_sweep
+    from aa_ray.tune.specs import load_pipeline, load_suite, load_sweep
 
+    loader = {"sweep": load_sweep, "suite": load_suite, "pipeline": load_pipeline}[args.command]
     try:  # everything in the file is checked before Ray starts
-        loaded = load_sweep(args.spec) if args.command == "sweep" else load_pipeline(args.spec)
+        loaded = loader(args.spec)
     except SpecError as err:
         return _fail(str(err))
     from aa_ray.runtime.cluster import ResourceError, job_tracking_problem
@@ -232,6 +240,15 @@ def _tune_command(args: argparse.Namespace) -> int:
             failed = [t for t in outcome["trials"] if t["error"]]
             if outcome["best"] is None:
                 return _fail(f"no trial of the sweep finished; see {outcome['root']}", code=1)
+            return 1 if failed else 0
+        if args.command == "suite":
+            from aa_ray.tune.suite import cells_table, run_suite
+
+            outcome = run_suite(loaded, force=args.force, track=not args.no_track)
+            print(cells_table(outcome))
+            if outcome["parent_run_id"]:
+                print(f"report: aa-ray report --parent {outcome['parent_run_id']}")
+            failed = [row for row in outcome["cells"] if row["status"] == "failed"]
             return 1 if failed else 0
         from aa_ray.tune.pipeline import PipelineError, run_pipeline
 

@@ -81,12 +81,14 @@ def load_curve(client: MlflowClient, run: Run, metric: str) -> Curve | None:
     history = sorted(client.get_metric_history(run.info.run_id, metric), key=lambda m: (m.step, m.timestamp))
     if not history:
         return None
+    # a run resumed from a checkpoint logs again the steps after it: the newest value of a step counts
+    latest = {point.step: point for point in history}
     start_ms = run.info.start_time
     return Curve(
         run.info.run_id,
-        np.array([m.step for m in history], float),
-        np.array([(m.timestamp - start_ms) / 1000.0 for m in history]),
-        np.array([m.value for m in history]),
+        np.array(list(latest), float),
+        np.array([(point.timestamp - start_ms) / 1000.0 for point in latest.values()]),
+        np.array([point.value for point in latest.values()]),
     )
 
 
@@ -155,11 +157,18 @@ def plot(data: dict[str, dict], metric: str, path: Path) -> bytes:
     return buffer.getvalue()
 
 
-def write_html(path: Path, title: str, png: bytes, rows: list[dict], data: dict, runs: list[Run]) -> None:
+def html_table(rows: list[dict]) -> str:
+    if not rows:
+        return "<p>none</p>"
     headers = list(rows[0])
-    table = "".join(
+    body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(_fmt(row.get(h)))}</td>" for h in headers) + "</tr>" for row in rows
     )
+    return f"<table><tr>{''.join(f'<th>{html.escape(h)}</th>' for h in headers)}</tr>{body}</table>"
+
+
+def write_html(path: Path, title: str, png: bytes, tables: dict[str, list[dict]], data: dict, runs: list[Run]) -> None:
+    sections = "".join(f"<h2>{html.escape(name)}</h2>{html_table(rows)}" for name, rows in tables.items())
     run_list = "".join(
         f"<li>{html.escape(run.info.run_name or '')} <code>{run.info.run_id}</code> ({run.info.status})</li>"
         for run in runs
@@ -170,7 +179,7 @@ def write_html(path: Path, title: str, png: bytes, rows: list[dict], data: dict,
 td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}</style></head>
 <body><h1>{html.escape(title)}</h1>
 <img alt="learning curves" src="data:image/png;base64,{base64.b64encode(png).decode()}">
-<h2>Summary</h2><table><tr>{''.join(f'<th>{html.escape(h)}</th>' for h in headers)}</tr>{table}</table>
+{sections}
 <h2>Runs</h2><ul>{run_list}</ul>
 <script type="application/json" id="curves">{html.escape(json.dumps(data))}</script>
 </body></html>
@@ -192,6 +201,10 @@ def make_report(
     """Write report.png, report.html and summary.json into `out`; with `parent`, also log them as
     artifacts of that (sweep or pipeline) run. Returns the paths and the summary rows."""
     client = MlflowClient(tracking_uri=tracking_uri or resolved_tracking_uri())
+    if parent and client.get_run(parent).data.tags.get("aa_ray.kind") == "suite":
+        from aa_ray.tracking.suite_report import make_suite_report
+
+        return make_suite_report(client, out, parent, metric)
     runs = select_runs(client, experiment, parent, run_ids or [])
     if not runs:
         raise ReportError("no runs matched (check --experiment, --parent or --runs)")
@@ -207,7 +220,7 @@ def make_report(
     out.mkdir(parents=True, exist_ok=True)
     png = plot(data, metric, out / "report.png")
     title = f"aa-ray report: {metric} ({datetime.now():%Y-%m-%d %H:%M})"
-    write_html(out / "report.html", title, png, rows, data, runs)
+    write_html(out / "report.html", title, png, {"Summary": rows}, data, runs)
     (out / "summary.json").write_text(json.dumps({"metric": metric, "rows": rows, "curves": data}, indent=1))
     if parent:
         for name in ("report.png", "report.html", "summary.json"):

@@ -21,7 +21,7 @@ from aa_ray.tracking.mlflow_tracker import (
     start_run,
 )
 
-KIND_TAG = "aa_ray.kind"  # "sweep" or "pipeline" on the parent run
+KIND_TAG = "aa_ray.kind"  # "sweep", "suite" or "pipeline" on the parent run
 
 
 def tune_storage(configured: str | None, default: Path, source: Path) -> str:
@@ -55,15 +55,28 @@ def absolute_paths(raw: dict[str, Any]) -> dict[str, Any]:
 class ParentRun:
     """The MLflow run a sweep or pipeline invocation is; its trials/stages are nested child runs."""
 
-    def __init__(self, experiment: str, kind: str, name: str, run_name: str, tags: dict[str, str] | None = None):
+    def __init__(self, experiment: str, kind: str, name: str, run_name: str, tags: dict[str, str] | None = None,
+                 reopen: str | None = None):
         self.uri = resolved_tracking_uri()
         self.experiment, self.kind, self.name = experiment, kind, name
         self.tags = {f"aa_ray.{kind}": name}  # on the parent and every child
         parent_tags = {**self.tags, KIND_TAG: kind, "mlflow.runName": run_name, **(tags or {})}
         with opening_store(self.uri):
             self.client = MlflowClient(tracking_uri=self.uri)
-            self.run_id = start_run(self.client, experiment, parent_tags)
+            if reopen is not None and self._exists(reopen):  # a resumed invocation continues its parent
+                self.run_id = reopen
+                retry_locked(lambda: self.client.update_run(reopen, status="RUNNING"))
+            else:
+                self.run_id = start_run(self.client, experiment, parent_tags)
             self.experiment_id = self.client.get_run(self.run_id).info.experiment_id
+
+    def _exists(self, run_id: str) -> bool:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client.get_run(run_id).info.lifecycle_stage == "active"
+        except MlflowException:  # another store, or deleted for good
+            return False
 
     def child_tracking(self, run_name: str, tags: dict[str, str]) -> dict[str, Any]:
         """What a trial needs to record itself as a child of this run (plain data, sent to Tune)."""

@@ -1,4 +1,4 @@
-"""Sweep and pipeline spec files: pydantic models, and loaders that check everything that can be
+"""Sweep, suite and pipeline spec files: pydantic models, and loaders that check everything that can be
 checked before Ray starts (each search key and stage spec is validated as an experiment spec,
 stage references must name earlier outputs, and the stages must not form a cycle)."""
 
@@ -125,6 +125,82 @@ def load_sweep(path: str | Path) -> Sweep:
     for combination in itertools.product(*grids.values()):  # grids can clash with each other
         sweep.trial_spec(dict(zip(grids, combination, strict=True)))
     return sweep
+
+
+# ---- suites ------------------------------------------------------------------------------------
+class SuiteEntry(SpecModel):
+    spec: str = Field(description="experiment spec (relative to the suite file)")
+    set: dict[str, Any] = Field(default_factory=dict, description="dotted overrides for this label's runs")
+
+
+class SuiteSpec(SpecModel):
+    """Algorithm specs x env ids x seeds, one budget and one evaluation protocol: a benchmark."""
+
+    name: str = Field(min_length=1, description="names the MLflow parent run and the suite's folder")
+    specs: dict[str, str | SuiteEntry] = Field(
+        min_length=1, description="label -> experiment spec (relative to this file), or {spec, set}"
+    )
+    envs: dict[str, dict[str, Any]] = Field(
+        min_length=1, description="env id -> dotted overrides for that env's runs (e.g. budget.env_steps)"
+    )
+    seeds: list[NonNegativeInt] = Field(min_length=1, description="every spec and env runs once per seed")
+    env_steps: PositiveInt = Field(description="each run's budget, unless its env sets budget.env_steps")
+    eval: dict[str, Any] = Field(
+        default_factory=dict, description="the evaluation protocol of every run: eval.* keys (every_env_steps, ...)"
+    )
+    set: dict[str, Any] = Field(default_factory=dict, description="dotted overrides for every run")
+    references: str | None = Field(
+        None, description="published returns (YAML, relative to this file) that reports draw as markers"
+    )
+    max_concurrent_trials: PositiveInt = Field(1, description="runs at once")
+    max_failures: NonNegativeInt = Field(2, description="retry a failed run from its last checkpoint this often")
+    storage: str | None = Field(None, description=STORAGE_HELP)
+
+    @model_validator(mode="after")
+    def _distinct_seeds(self) -> SuiteSpec:
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds repeat a value ({self.seeds}); each seed runs once")
+        return self
+
+
+class Suite:
+    """A validated suite: every cell (spec label, env id, seed) with its raw experiment spec."""
+
+    def __init__(self, spec: SuiteSpec, path: Path, cells: dict[str, dict[str, Any]]):
+        self.spec, self.path = spec, path
+        self.cells = cells  # cell name -> {"label", "env", "seed", "raw"}
+
+    def references_path(self) -> Path | None:
+        return None if self.spec.references is None else (self.path.parent / self.spec.references)
+
+
+def cell_name(label: str, env_id: str, seed: int) -> str:
+    return f"{label}-{env_id.replace('/', '_')}-s{seed}"
+
+
+def load_suite(path: str | Path) -> Suite:
+    """Read and check a suite file: every cell's spec is validated before Ray starts, so a typo in
+    one env's overrides fails now, naming the cell, rather than hours into the suite."""
+    path = Path(path)
+    spec = _model(SuiteSpec, read_yaml(path), path)
+    protocol = {f"eval.{key}": value for key, value in spec.eval.items()}
+    cells: dict[str, dict[str, Any]] = {}
+    for label, entry in spec.specs.items():
+        entry = entry if isinstance(entry, SuiteEntry) else SuiteEntry(spec=entry)
+        spec_file = entry.spec
+        base = read_yaml(path.parent / spec_file)
+        for env_id, env_overrides in spec.envs.items():
+            for seed in spec.seeds:
+                name = cell_name(label, env_id, seed)
+                values = {**spec.set, **entry.set, **protocol, "env.id": env_id, "seed": seed,
+                          "budget.env_steps": spec.env_steps, **env_overrides}
+                raw = set_values(base, values, source=f"{path} ({name})")
+                validate_spec(raw, source=f"{path} cell {name} ({spec_file} with env {env_id}, seed {seed})")
+                cells[name] = {"label": label, "env": env_id, "seed": seed, "raw": raw}
+    references = spec.references and path.parent / spec.references
+    if references and not references.is_file():
+        raise SpecError(f"{path}: references: {spec.references} does not exist (looked for {references}).")
+    return Suite(spec, path, cells)
 
 
 # ---- pipelines ---------------------------------------------------------------------------------

@@ -6,11 +6,13 @@ last checkpoint and keeps writing into the same MLflow run."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ray import tune
 
+from aa_ray import metric_names as m
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import spec_hash, validate_spec
 from aa_ray.tracking.mlflow_tracker import PARENT_TAG, RunContext, retry_locked
@@ -25,18 +27,20 @@ def trial_bundles(spec: ExperimentSpec) -> list[dict[str, float]]:
 
 
 def run_context(config: dict[str, Any], trial_id: str) -> RunContext:
-    """The trial's MLflow run: nested under the sweep's or pipeline's parent; a retried trial that
-    had not checkpointed yet finds the run its first attempt created instead of starting another."""
+    """The trial's MLflow run: nested under the sweep's, suite's or pipeline's parent; a retried
+    trial that had not checkpointed yet finds the run its first attempt created instead of starting
+    another. A trial is known by its Tune id, or by `tracking["identity"]` tags that outlive one
+    invocation (a suite's cell)."""
     from mlflow.tracking import MlflowClient
 
     tracking = config["tracking"]
-    tags = {**tracking["tags"], TRIAL_TAG: trial_id}
+    identity = tracking.get("identity") or {TRIAL_TAG: trial_id}
+    tags = {**tracking["tags"], TRIAL_TAG: trial_id, **identity}
     client = MlflowClient(tracking_uri=tracking["uri"])
+    conditions = [f"tags.`{PARENT_TAG}` = '{tracking['parent_run_id']}'",
+                  *(f"tags.`{key}` = '{value}'" for key, value in identity.items())]
     earlier = retry_locked(
-        lambda: client.search_runs(
-            [tracking["experiment_id"]],
-            filter_string=f"tags.`{PARENT_TAG}` = '{tracking['parent_run_id']}' and tags.`{TRIAL_TAG}` = '{trial_id}'",
-        )
+        lambda: client.search_runs([tracking["experiment_id"]], filter_string=" and ".join(conditions))
     )
     return RunContext(
         tracking_uri=tracking["uri"], parent_run_id=tracking["parent_run_id"], run_name=tracking["run_name"],
@@ -44,8 +48,9 @@ def run_context(config: dict[str, Any], trial_id: str) -> RunContext:
     )
 
 
-def train_trial(config: dict[str, Any]) -> None:
-    """Train one experiment spec (`config["spec"]`, a raw dict) inside a Tune trial."""
+def train_trial(config: dict[str, Any], on_finished: Callable[[dict[str, float]], None] | None = None) -> None:
+    """Train one experiment spec (`config["spec"]`, a raw dict) inside a Tune trial. `on_finished`
+    sees the final metrics before they are reported (Tune may end the trial's process after that)."""
     from aa_ray.runtime.checkpoint import load_checkpoint
     from aa_ray.runtime.trainer import Trainer
 
@@ -55,12 +60,17 @@ def train_trial(config: dict[str, Any]) -> None:
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:  # a retry: continue where the last reported checkpoint left off
         resume = load_checkpoint(checkpoint.to_directory())
+    elif config.get("resume_from"):  # a suite's run that an interrupted invocation left behind
+        resume = load_checkpoint(config["resume_from"])
+    if resume is not None:
         print(f"trial {context.get_trial_name()}: resuming from {resume['counters']['env_steps']:,} env steps")
 
     latest: dict[str, float] = {}  # every metric's newest value: Tune wants the sweep metric in every result
 
     def report(metrics: dict[str, float], folder: Path | None) -> None:
         latest.update(metrics)
+        if on_finished is not None and metrics.get(m.RUN_FINISHED):
+            on_finished(dict(latest))
         result = {**latest, "spec_hash": spec_hash(spec), "resumed": float(resume is not None)}
         tune.report(result, checkpoint=tune.Checkpoint.from_directory(folder) if folder else None)
 

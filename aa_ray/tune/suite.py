@@ -1,0 +1,247 @@
+"""`aa-ray suite`: a benchmark suite (algorithm specs x env ids x seeds, one budget, one evaluation
+protocol) run as Ray Tune trials under one MLflow parent run.
+
+Each cell, one (spec, env, seed), is one Tune trial and one MLflow child run; a failed run is
+retried from its last checkpoint (`max_failures`). The suite's folder, `<output_dir>/suites/<name>/`,
+remembers the parent run and which cells finished, so invoking the same suite again continues
+that parent run: finished cells are not run again, a cell an interrupted invocation left mid-run
+resumes from its newest checkpoint (into the same child run), and one that had not checkpointed
+yet starts over (its partial child run is deleted). A cell is keyed by its resolved spec: editing
+a spec or an override reruns exactly the cells it changes, and their old child runs are marked
+superseded so reports leave them out.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from ray import tune
+
+from aa_ray import metric_names as m
+from aa_ray.runtime.checkpoint import STATE_FILE
+from aa_ray.spec.experiment import ExperimentSpec
+from aa_ray.spec.loader import spec_hash, validate_spec
+from aa_ray.tracking.mlflow_tracker import retry_locked
+from aa_ray.tracking.suite_report import ENV_TAG, LABEL_TAG, REFERENCES_TAG, SUPERSEDED_TAG
+from aa_ray.tune.parent import ParentRun, absolute_paths, tune_storage
+from aa_ray.tune.specs import Suite
+from aa_ray.tune.trials import train_trial, trial_bundles
+
+SUITE_FILE = "suite.json"  # the parent run this suite's invocations share
+RECORD_FILE = "cell.json"  # written when a cell's run has finished
+CELL_TAG, KEY_TAG, SEED_TAG = "aa_ray.suite_cell", "aa_ray.suite_key", "aa_ray.suite_seed"
+
+
+@dataclass
+class CellPlan:
+    """One cell, resolved: its spec and key, and its run folder."""
+
+    name: str
+    label: str
+    env: str
+    seed: int
+    raw: dict[str, Any]
+    spec: ExperimentSpec
+    key: str
+    folder: Path
+
+    def record(self) -> dict[str, Any] | None:
+        path = self.folder / RECORD_FILE
+        if not path.is_file():
+            return None
+        record = json.loads(path.read_text())
+        return record if record.get("key") == self.key else None
+
+    def newest_checkpoint(self) -> Path | None:
+        """The newest complete checkpoint the folder holds (written atomically, so no half one)."""
+        folder = self.folder / "checkpoints"
+        final = folder / "final"
+        if (final / STATE_FILE).is_file():
+            return final
+        steps = sorted(p for p in folder.glob("step_*") if (p / STATE_FILE).is_file())
+        return steps[-1] if steps else None
+
+    def tags(self) -> dict[str, str]:
+        return {LABEL_TAG: self.label, ENV_TAG: self.env, SEED_TAG: str(self.seed)}
+
+    def identity(self) -> dict[str, str]:
+        return {CELL_TAG: self.name, KEY_TAG: self.key}
+
+
+def suite_root(suite: Suite) -> Path:
+    first = next(iter(suite.cells.values()))
+    return Path(validate_spec(absolute_paths(first["raw"])).runtime.output_dir) / "suites" / suite.spec.name
+
+
+def plan_cells(suite: Suite, root: Path) -> list[CellPlan]:
+    plans = []
+    for name, cell in suite.cells.items():
+        raw = absolute_paths(cell["raw"])
+        spec = validate_spec(raw, source=f"{suite.path} cell {name}")
+        key = spec_hash(spec)
+        plans.append(CellPlan(name, cell["label"], cell["env"], cell["seed"], raw, spec, key, root / f"{name}-{key}"))
+    return plans
+
+
+def open_parent(suite: Suite, root: Path, spec: ExperimentSpec, fresh: bool = False,
+                report: Any = print) -> ParentRun | None:
+    """The suite's MLflow parent run: the one its folder remembers (unless `fresh`), else a new one.
+    The suite file and its references are logged with it; None when the spec turns tracking off."""
+    state_path = root / SUITE_FILE
+    state = json.loads(state_path.read_text()) if state_path.is_file() and not fresh else {}
+    if not spec.tracking.enabled:
+        return None
+    name = suite.spec.name
+    parent = ParentRun(spec.tracking.experiment, "suite", name, run_name=f"suite:{name}",
+                       reopen=state.get("parent_run_id"))
+    if parent.run_id != state.get("parent_run_id"):  # params are written once per parent run
+        parent.log(params={"specs": json.dumps(suite.spec.model_dump(mode="json")["specs"]),
+                           "envs": json.dumps(sorted(suite.spec.envs)), "seeds": json.dumps(suite.spec.seeds),
+                           "env_steps": suite.spec.env_steps, "eval": json.dumps(suite.spec.eval)})
+        root.mkdir(parents=True, exist_ok=True)
+        state_path.write_text(json.dumps({"suite": str(suite.path.resolve()), "parent_run_id": parent.run_id},
+                                         indent=1))
+    parent.log_artifact(suite.path)
+    if suite.references_path() is not None:  # reports read the published returns from here
+        parent.log_artifact(suite.references_path())
+        parent.log(tags={REFERENCES_TAG: suite.references_path().name})
+    report(f"mlflow parent run: {parent.run_id} (experiment {spec.tracking.experiment!r})")
+    return parent
+
+
+def suite_trial(config: dict[str, Any], cells: dict[str, dict[str, Any]]) -> None:
+    """One cell of the suite, trained by `train_trial`; `cells` is the same for every trial. The cell's
+    record is written the moment its run finishes, so an invocation killed later still counts it."""
+    cell = cells[config["cell"]]
+
+    def write_record(metrics: dict[str, float]) -> None:
+        record = {"key": cell["key"], "cell": config["cell"], "finished": datetime.now().isoformat(timespec="seconds"),
+                  "env_steps": metrics.get(m.ENV_STEPS), m.EVAL_RETURN: metrics.get(m.EVAL_RETURN)}
+        partial = Path(cell["run_dir"]) / (RECORD_FILE + ".partial")
+        partial.write_text(json.dumps(record, indent=1))
+        partial.rename(partial.with_name(RECORD_FILE))
+
+    train_trial(cell, on_finished=write_record)
+
+
+def run_suite(suite: Suite, force: bool = False, track: bool = True, report: Any = print) -> dict[str, Any]:
+    """Run every cell that has not finished (all of them with `force`, under a new parent run).
+    Returns each cell's status and final metrics, the suite's folder and its parent run."""
+    from aa_ray.runtime import cluster
+
+    spec = suite.spec
+    root = suite_root(suite)
+    plans = plan_cells(suite, root)
+    parent = open_parent(suite, root, plans[0].spec, fresh=force, report=report) if track else None
+    root.mkdir(parents=True, exist_ok=True)
+    todo = [plan for plan in plans if force or plan.record() is None]
+    report(f"suite {spec.name}: {len(plans)} runs, {len(plans) - len(todo)} finished earlier, {len(todo)} to run "
+           f"({root})")
+    status = "FAILED"
+    started_ray = False
+    outcomes: dict[str, dict[str, Any]] = {}
+    try:
+        if parent is not None:
+            _mark_superseded(parent, plans)
+        cells = {plan.name: _trial_config(plan, parent, force, report) for plan in todo}
+        if todo:
+            largest = max((trial_bundles(plan.spec) for plan in todo),
+                          key=lambda bundles: sum(bundle.get("CPU", 0.0) for bundle in bundles))
+            started_ray = cluster.connect(None, cpus=sum(b.get("CPU", 0.0) for b in largest)
+                                          * min(spec.max_concurrent_trials, len(todo)))
+            cluster.check_capacity(largest, what="the suite's largest run")
+            outcomes = _run_cells(suite, todo, cells, root)
+        rows = [_row(plan, outcomes.get(plan.name)) for plan in plans]
+        status = "FAILED" if any(row["status"] == "failed" for row in rows) else "FINISHED"
+        table = root / "cells.json"
+        table.write_text(json.dumps(rows, indent=1, default=str))
+        if parent is not None:
+            parent.log_artifact(table)
+        return {"cells": rows, "root": str(root), "parent_run_id": parent.run_id if parent else None}
+    finally:
+        if parent is not None:
+            parent.finish(status)
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def _trial_config(plan: CellPlan, parent: ParentRun | None, force: bool, report: Any) -> dict[str, Any]:
+    resume_from = None if force else plan.newest_checkpoint()
+    if resume_from is not None:
+        report(f"{plan.name}: resuming from {resume_from.name}")
+    elif parent is not None:  # it had not checkpointed: its partial child run would repeat steps
+        for child in parent.children():
+            if all(child.data.tags.get(k) == v for k, v in plan.identity().items()):
+                retry_locked(lambda run_id=child.info.run_id: parent.client.delete_run(run_id))
+    tracking = None
+    if parent is not None:
+        tracking = parent.child_tracking(f"{parent.name}:{plan.name}", plan.tags())
+        tracking["identity"] = plan.identity()
+    return {"spec": plan.raw, "run_dir": str(plan.folder), "tracking": tracking, "key": plan.key,
+            "resume_from": str(resume_from) if resume_from else None}
+
+
+def _mark_superseded(parent: ParentRun, plans: list[CellPlan]) -> None:
+    keys = {plan.name: plan.key for plan in plans}
+    for child in parent.children():
+        cell, key = child.data.tags.get(CELL_TAG), child.data.tags.get(KEY_TAG)
+        if cell is not None and keys.get(cell) != key and SUPERSEDED_TAG not in child.data.tags:
+            retry_locked(lambda run_id=child.info.run_id: parent.client.set_tag(run_id, SUPERSEDED_TAG, "true"))
+
+
+def _run_cells(suite: Suite, todo: list[CellPlan], cells: dict[str, dict[str, Any]], root: Path) -> dict[str, Any]:
+    """One Tuner over the cells still to run; each cell's outcome (its trial's last report)."""
+    spec = suite.spec
+    plans = {plan.name: plan for plan in todo}
+    storage = tune_storage(spec.storage, root / "tune", suite.path)
+    resources = lambda config: tune.PlacementGroupFactory(trial_bundles(plans[config["cell"]].spec))  # noqa: E731
+    tuner = tune.Tuner(
+        tune.with_resources(tune.with_parameters(suite_trial, cells=cells), resources),
+        param_space={"cell": tune.grid_search(list(plans))},
+        tune_config=tune.TuneConfig(max_concurrent_trials=spec.max_concurrent_trials,
+                                    trial_dirname_creator=lambda trial: trial.config["cell"]),
+        run_config=tune.RunConfig(
+            name=f"{spec.name}-{datetime.now():%Y%m%d-%H%M%S}", storage_path=storage,
+            failure_config=tune.FailureConfig(max_failures=spec.max_failures), verbose=1,
+        ),
+    )
+    outcomes = {}
+    for result in tuner.fit():
+        name = (result.config or {}).get("cell")
+        if name not in plans:
+            continue
+        metrics = result.metrics or {}
+        finished = result.error is None and bool(metrics.get(m.RUN_FINISHED, 0.0))
+        error = None if result.error is None else str(result.error).strip().splitlines()[-1][:300]
+        outcomes[name] = {"finished": finished and plans[name].record() is not None, "error": error}
+    return outcomes
+
+
+def _row(plan: CellPlan, outcome: dict[str, Any] | None) -> dict[str, Any]:
+    record = plan.record()
+    if outcome is None:
+        status = "finished earlier" if record else "failed"
+    else:
+        status = "finished" if outcome["finished"] else "failed"
+    return {"cell": plan.name, "label": plan.label, "env": plan.env, "seed": plan.seed, "key": plan.key,
+            "status": status, "env_steps": (record or {}).get("env_steps"),
+            m.EVAL_RETURN: (record or {}).get(m.EVAL_RETURN),
+            "error": (outcome or {}).get("error"), "folder": str(plan.folder)}
+
+
+def cells_table(outcome: dict[str, Any]) -> str:
+    """The suite's cells as text lines: status, env steps, final eval return."""
+    lines = []
+    for row in outcome["cells"]:
+        value = row[m.EVAL_RETURN]
+        final = "-" if value is None else f"{value:.1f}"
+        steps = "-" if row["env_steps"] is None else f"{int(row['env_steps']):,}"
+        line = f"{row['cell']:<40} {row['status']:<17} env steps {steps:>10}  {m.EVAL_RETURN} {final}"
+        lines.append(line + (f"  error: {row['error']}" if row["error"] else ""))
+    return "\n".join(lines)

@@ -1,0 +1,183 @@
+"""Stable-Baselines3's SAC side by side with a suite's aa-ray runs: the same envs, seeds, budget and
+evaluation protocol, logged as child runs of the suite's MLflow parent, so `aa-ray report --parent`
+and the MLflow UI's Compare view line the two up.
+
+Equal settings: each SB3 run copies the suite's `--spec-label` cell (default `sac`) for that env and
+seed: network widths, learning rate (SB3 has one for actor, critics and temperature, so the cell's
+must agree), batch size, replay size, random warm-up (`learning_starts`), gamma, tau, one gradient
+step per env step, temperature learned from 1.0 toward -|A|. Evaluation as the suite's runs do it:
+every `eval.every_env_steps`, `eval.episodes` deterministic episodes, each on a fresh env reset with
+aa-ray's eval seeds for that seed (`aa_ray.seeding.eval_env_seeds`), so both face the same starts.
+
+A run that finished is not run again (its child run is FINISHED); `--jobs 2` runs two at once.
+
+Run:  .venv/bin/python benchmarks/bench_sb3_suite.py specs/suites/mujoco_cpu.yaml [--jobs 2]
+      [--envs Hopper-v5] [--seeds 0 1] [--env-steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aa_ray import metric_names as m
+from aa_ray import seeding
+from aa_ray.tracking.mlflow_tracker import PARENT_TAG, log_in_batches, retry_locked, start_run
+from aa_ray.tracking.suite_report import ENV_TAG, LABEL_TAG
+from aa_ray.tune.specs import cell_name, load_suite
+from aa_ray.tune.suite import SEED_TAG, open_parent, suite_root
+
+LABEL = "sb3_sac"
+CONTENDER_TAG = "aa_ray.contender_cell"  # not the suite's own cell tag: the suite must not supersede these
+
+
+def sb3_settings(spec: Any) -> dict[str, Any]:
+    """SB3 SAC keyword arguments equal to an aa-ray sac spec; refuses what SB3 cannot match."""
+    algo = spec.algo
+    if algo.name != "sac":
+        raise SystemExit(f"--spec-label must name a sac cell (this one is {algo.name})")
+    if not algo.actor_lr == algo.critic_lr == algo.alpha_lr:
+        raise SystemExit(f"SB3 uses one learning rate; the cell has actor {algo.actor_lr}, critic {algo.critic_lr}, "
+                         f"alpha {algo.alpha_lr}")
+    if algo.target_entropy is not None or algo.target_entropy_per_dim != -1.0 or not algo.autotune_alpha:
+        raise SystemExit("SB3's automatic temperature aims at -|A|: the cell must learn alpha toward that too")
+    if algo.actor_hidden_dims != algo.critic_hidden_dims:
+        raise SystemExit("this comparison needs the same actor and critic widths (SB3's net_arch list)")
+    return {
+        "learning_rate": algo.actor_lr, "buffer_size": algo.buffer_size, "learning_starts": algo.warm_up_steps,
+        "batch_size": algo.batch_size, "tau": algo.tau, "gamma": algo.gamma, "train_freq": 1,
+        "gradient_steps": algo.utd_ratio, "ent_coef": f"auto_{algo.init_alpha}", "target_entropy": "auto",
+        "policy_kwargs": {"net_arch": list(algo.actor_hidden_dims)},
+    }
+
+
+def evaluate(model: Any, env_id: str, seed: int, episodes: int) -> float:
+    import gymnasium as gym
+
+    env = gym.make(env_id)
+    returns = []
+    for episode_seed in seeding.eval_env_seeds(seed, episodes):
+        obs, _ = env.reset(seed=episode_seed)
+        done, total = False, 0.0
+        while not done:
+            action, _ = model.predict(obs, deterministic=True)
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total += float(reward)
+            done = terminated or truncated
+        returns.append(total)
+    env.close()
+    return float(np.mean(returns))
+
+
+def run_one(job: dict[str, Any]) -> dict[str, Any]:
+    """One SB3 run, logged into its MLflow child run as it goes (eval/return at env steps)."""
+    import gymnasium as gym
+    import torch
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+    from stable_baselines3 import SAC
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    torch.set_num_threads(1)
+    client = MlflowClient(tracking_uri=job["uri"])
+    run_id = job["run_id"]
+    every, episodes, budget = job["eval_every"], job["episodes"], job["env_steps"]
+    started = time.perf_counter()
+
+    class Evaluations(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.next_eval = every
+            self.phase_start: tuple[float, int] | None = None
+
+        def _on_step(self) -> bool:
+            steps = self.num_timesteps
+            if self.phase_start is None and steps >= job["settings"]["learning_starts"]:
+                self.phase_start = (time.perf_counter(), steps)
+            if steps >= self.next_eval:
+                self.next_eval += every
+                self.log_evaluation()
+            return True
+
+        def _on_training_end(self) -> None:  # aa-ray also evaluates once more at the end of the budget
+            if self.num_timesteps > self.next_eval - every:
+                self.log_evaluation()
+
+        def log_evaluation(self) -> None:
+            steps, now = self.num_timesteps, int(time.time() * 1000)
+            value = evaluate(self.model, job["env"], job["seed"], episodes)
+            metrics = [Metric(m.EVAL_RETURN, value, now, steps)]
+            if self.phase_start is not None and steps > self.phase_start[1]:
+                rate = (steps - self.phase_start[1]) / (time.perf_counter() - self.phase_start[0])
+                metrics.append(Metric(m.ENV_STEPS_PER_S, rate, now, steps))
+            retry_locked(lambda: client.log_batch(run_id, metrics=metrics))
+            print(f"{job['cell']}: {steps:,} env steps, {m.EVAL_RETURN} {value:.1f}", flush=True)
+
+    env = gym.make(job["env"])
+    model = SAC("MlpPolicy", env, seed=job["seed"], device="cpu", verbose=0, **job["settings"])
+    model.learn(total_timesteps=budget, callback=Evaluations())
+    retry_locked(lambda: client.set_terminated(run_id))
+    return {"cell": job["cell"], "seconds": time.perf_counter() - started}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("suite", type=Path)
+    parser.add_argument("--spec-label", default="sac", help="the suite's label whose settings SB3 copies")
+    parser.add_argument("--envs", nargs="+", help="only these env ids (default: the suite's)")
+    parser.add_argument("--seeds", nargs="+", type=int, help="only these seeds (default: the suite's)")
+    parser.add_argument("--env-steps", type=int, help="a budget other than the cells' (a smoke test)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once (one core each)")
+    args = parser.parse_args()
+    suite = load_suite(args.suite)
+    from aa_ray.spec.loader import flatten, validate_spec
+    from aa_ray.tune.parent import absolute_paths
+
+    cells = [cell for cell in suite.cells.values() if cell["label"] == args.spec_label
+             and (not args.envs or cell["env"] in args.envs) and (args.seeds is None or cell["seed"] in args.seeds)]
+    if not cells:
+        raise SystemExit(f"the suite has no {args.spec_label!r} cells for those envs and seeds")
+    specs = [validate_spec(absolute_paths(cell["raw"])) for cell in cells]
+    parent = open_parent(suite, suite_root(suite), specs[0])
+    if parent is None:
+        raise SystemExit("the suite's specs turn tracking off; there is no MLflow parent run to log into")
+    import stable_baselines3
+
+    done = {child.data.tags.get(CONTENDER_TAG) for child in parent.children() if child.info.status == "FINISHED"}
+    jobs = []
+    for cell, spec in zip(cells, specs, strict=True):
+        name = cell_name(LABEL, cell["env"], cell["seed"])
+        if name in done:
+            print(f"{name}: finished earlier")
+            continue
+        for child in parent.children():  # a run an interrupted invocation left behind starts over
+            if child.data.tags.get(CONTENDER_TAG) == name:
+                retry_locked(lambda run_id=child.info.run_id: parent.client.delete_run(run_id))
+        settings = sb3_settings(spec)
+        tags = {**parent.tags, PARENT_TAG: parent.run_id, "mlflow.runName": f"{suite.spec.name}:{name}",
+                LABEL_TAG: LABEL, ENV_TAG: cell["env"], SEED_TAG: str(cell["seed"]), CONTENDER_TAG: name}
+        run_id = start_run(parent.client, spec.tracking.experiment, tags)
+        params = {**{k: str(v) for k, v in flatten(spec.model_dump(mode="json")).items()},
+                  "algo.name": "sac", "contender": f"stable-baselines3 {stable_baselines3.__version__}",
+                  "sb3.settings": json.dumps(settings)}
+        from mlflow.entities import Param
+
+        log_in_batches(parent.client, run_id, params=[Param(k, v[:6000]) for k, v in params.items()])
+        jobs.append({"cell": name, "env": cell["env"], "seed": cell["seed"], "settings": settings,
+                     "env_steps": args.env_steps or spec.budget.env_steps, "eval_every": spec.eval.every_env_steps,
+                     "episodes": spec.eval.episodes, "uri": parent.uri, "run_id": run_id})
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for result in pool.map(run_one, jobs):
+            print(f"{result['cell']}: done in {result['seconds']:.0f} s", flush=True)
+    print(f"report: aa-ray report --parent {parent.run_id}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
