@@ -57,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     suite.add_argument("spec", help="path to a YAML suite spec")
     suite.add_argument("--force", action="store_true", help="rerun every cell under a new parent run")
+    suite.add_argument("--only", nargs="+", metavar="LABEL_OR_ENV",
+                       help="run only the cells of these spec labels or env ids (the rest wait for a later call)")
     suite.add_argument("--no-track", action="store_true", help="do not record the suite in MLflow")
 
     pipeline = commands.add_parser("pipeline", help="train / rollout / train stages as Tune trials (specs/pipelines/)")
@@ -244,7 +246,7 @@ def _tune_command(args: argparse.Namespace) -> int:
         if args.command == "suite":
             from aa_ray.tune.suite import cells_table, run_suite
 
-            outcome = run_suite(loaded, force=args.force, track=not args.no_track)
+            outcome = run_suite(loaded, force=args.force, track=not args.no_track, only=args.only)
             print(cells_table(outcome))
             if outcome["parent_run_id"]:
                 print(f"report: aa-ray report --parent {outcome['parent_run_id']}")

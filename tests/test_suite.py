@@ -164,3 +164,10 @@ def test_bad_suites_are_refused_before_anything_runs(tmp_path: Path, change: dic
     assert cli.main(["suite", str(suite_file)]) == 2
     assert expected in capsys.readouterr().err
     assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_only_names_a_label_or_env_of_the_suite(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    suite_file = tiny_suite(tmp_path)
+    assert cli.main(["suite", str(suite_file), "--only", "Walker2d-v5"]) == 2
+    assert "--only Walker2d-v5: not a spec label or env id of the suite (labels sac;" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()

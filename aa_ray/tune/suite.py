@@ -24,7 +24,7 @@ from ray import tune
 from aa_ray import metric_names as m
 from aa_ray.runtime.checkpoint import STATE_FILE
 from aa_ray.spec.experiment import ExperimentSpec
-from aa_ray.spec.loader import spec_hash, validate_spec
+from aa_ray.spec.loader import SpecError, spec_hash, validate_spec
 from aa_ray.tracking.mlflow_tracker import retry_locked
 from aa_ray.tracking.suite_report import ENV_TAG, LABEL_TAG, REFERENCES_TAG, SUPERSEDED_TAG
 from aa_ray.tune.parent import ParentRun, absolute_paths, tune_storage
@@ -128,19 +128,28 @@ def suite_trial(config: dict[str, Any], cells: dict[str, dict[str, Any]]) -> Non
     train_trial(cell, on_finished=write_record)
 
 
-def run_suite(suite: Suite, force: bool = False, track: bool = True, report: Any = print) -> dict[str, Any]:
-    """Run every cell that has not finished (all of them with `force`, under a new parent run).
-    Returns each cell's status and final metrics, the suite's folder and its parent run."""
+def run_suite(suite: Suite, force: bool = False, track: bool = True, report: Any = print,
+              only: list[str] | None = None) -> dict[str, Any]:
+    """Run every cell that has not finished (all of them with `force`, under a new parent run);
+    `only` keeps the cells of those spec labels or env ids. Returns each cell's status and final
+    metrics, the suite's folder and its parent run."""
     from aa_ray.runtime import cluster
 
     spec = suite.spec
     root = suite_root(suite)
     plans = plan_cells(suite, root)
+    if only:
+        unknown = set(only) - {plan.label for plan in plans} - {plan.env for plan in plans}
+        if unknown:
+            raise SpecError(f"{suite.path}: --only {', '.join(sorted(unknown))}: not a spec label or env id of the "
+                            f"suite (labels {', '.join(spec.specs)}; envs {', '.join(spec.envs)}).")
+    selected = [plan for plan in plans if not only or plan.label in only or plan.env in only]
     parent = open_parent(suite, root, plans[0].spec, fresh=force, report=report) if track else None
     root.mkdir(parents=True, exist_ok=True)
-    todo = [plan for plan in plans if force or plan.record() is None]
-    report(f"suite {spec.name}: {len(plans)} runs, {len(plans) - len(todo)} finished earlier, {len(todo)} to run "
-           f"({root})")
+    todo = [plan for plan in selected if force or plan.record() is None]
+    chosen = f" ({len(selected)} chosen)" if only else ""
+    report(f"suite {spec.name}: {len(plans)} runs{chosen}, {len(selected) - len(todo)} finished earlier, "
+           f"{len(todo)} to run ({root})")
     status = "FAILED"
     started_ray = False
     outcomes: dict[str, dict[str, Any]] = {}
@@ -226,7 +235,7 @@ def _run_cells(suite: Suite, todo: list[CellPlan], cells: dict[str, dict[str, An
 def _row(plan: CellPlan, outcome: dict[str, Any] | None) -> dict[str, Any]:
     record = plan.record()
     if outcome is None:
-        status = "finished earlier" if record else "failed"
+        status = "finished earlier" if record else "not run"  # left out with --only
     else:
         status = "finished" if outcome["finished"] else "failed"
     return {"cell": plan.name, "label": plan.label, "env": plan.env, "seed": plan.seed, "key": plan.key,
