@@ -9,7 +9,7 @@ run: setup
 
 test: setup
 	.venv/bin/ruff check .
-	.venv/bin/pytest
+	./scripts/test.sh
 
 bench: setup
 	.venv/bin/python -m pip install --quiet -e ".[bench]"

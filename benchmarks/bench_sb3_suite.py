@@ -10,6 +10,8 @@ every `eval.every_env_steps`, `eval.episodes` deterministic episodes, each on a 
 aa-ray's eval seeds for that seed (`aa_ray.seeding.eval_env_seeds`), so both face the same starts.
 
 A run that finished is not run again (its child run is FINISHED); `--jobs 2` runs two at once.
+Start it after `aa-ray suite` has made the suite's parent run, or before, not at the same moment on
+a new SQLite store: two processes creating MLflow's tables at once collide (alembic's migration).
 
 Run:  .venv/bin/python benchmarks/bench_sb3_suite.py specs/suites/mujoco_cpu.yaml [--jobs 2]
       [--envs Hopper-v5] [--seeds 0 1] [--env-steps N]
