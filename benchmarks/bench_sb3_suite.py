@@ -82,14 +82,15 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
     """One SB3 run, logged into its MLflow child run as it goes (eval/return at env steps)."""
     import gymnasium as gym
     import torch
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
     from stable_baselines3 import SAC
     from stable_baselines3.common.callbacks import BaseCallback
 
     torch.set_num_threads(1)
     client = MlflowClient(tracking_uri=job["uri"])
-    run_id = job["run_id"]
+    run_id = start_run(client, job["experiment"], job["tags"])  # when it starts, not while it waits its turn
+    log_in_batches(client, run_id, params=[Param(k, v[:6000]) for k, v in job["params"].items()])
     every, episodes, budget = job["eval_every"], job["episodes"], job["env_steps"]
     started = time.perf_counter()
 
@@ -165,16 +166,13 @@ def main() -> None:
         settings = sb3_settings(spec)
         tags = {**parent.tags, PARENT_TAG: parent.run_id, "mlflow.runName": f"{suite.spec.name}:{name}",
                 LABEL_TAG: LABEL, ENV_TAG: cell["env"], SEED_TAG: str(cell["seed"]), CONTENDER_TAG: name}
-        run_id = start_run(parent.client, spec.tracking.experiment, tags)
         params = {**{k: str(v) for k, v in flatten(spec.model_dump(mode="json")).items()},
                   "algo.name": "sac", "contender": f"stable-baselines3 {stable_baselines3.__version__}",
                   "sb3.settings": json.dumps(settings)}
-        from mlflow.entities import Param
-
-        log_in_batches(parent.client, run_id, params=[Param(k, v[:6000]) for k, v in params.items()])
         jobs.append({"cell": name, "env": cell["env"], "seed": cell["seed"], "settings": settings,
                      "env_steps": args.env_steps or spec.budget.env_steps, "eval_every": spec.eval.every_env_steps,
-                     "episodes": spec.eval.episodes, "uri": parent.uri, "run_id": run_id})
+                     "episodes": spec.eval.episodes, "uri": parent.uri, "experiment": spec.tracking.experiment,
+                     "tags": tags, "params": params})
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for result in pool.map(run_one, jobs):
             print(f"{result['cell']}: done in {result['seconds']:.0f} s", flush=True)
