@@ -53,7 +53,8 @@ def absolute_paths(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 class ParentRun:
-    """The MLflow run a sweep or pipeline invocation is; its trials/stages are nested child runs."""
+    """The MLflow run a sweep, suite or pipeline invocation is; its trials/stages are nested child runs.
+    `reopen` continues an earlier one (a suite invoked again) where the store still has it."""
 
     def __init__(self, experiment: str, kind: str, name: str, run_name: str, tags: dict[str, str] | None = None,
                  reopen: str | None = None):
