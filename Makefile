@@ -9,7 +9,7 @@ run: setup
 
 test: setup
 	.venv/bin/ruff check .
-	./scripts/test.sh
+	.venv/bin/pytest
 
 bench: setup
 	.venv/bin/python -m pip install --quiet -e ".[bench]"
