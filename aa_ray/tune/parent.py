@@ -123,3 +123,14 @@ class ParentRun:
             if child.info.status == "RUNNING":
                 retry_locked(lambda child=child: self.client.set_terminated(child.info.run_id, status="KILLED"))
         retry_locked(lambda: self.client.set_terminated(self.run_id, status=status))
+
+
+def end_invocation(parent: ParentRun | None, status: str, started_ray: bool) -> None:
+    """What every sweep, suite and pipeline invocation does last: end its parent run, and the
+    embedded Ray it started (a cluster it joined is left running)."""
+    if parent is not None:
+        parent.finish(status)
+    if started_ray:
+        import ray
+
+        ray.shutdown()

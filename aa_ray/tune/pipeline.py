@@ -23,7 +23,7 @@ from aa_ray.data.rollout import rollout_bundles
 from aa_ray.runtime.checkpoint import STATE_FILE
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import set_values, spec_hash, validate_spec
-from aa_ray.tune.parent import ParentRun, absolute_paths, tune_storage
+from aa_ray.tune.parent import ParentRun, absolute_paths, end_invocation, tune_storage
 from aa_ray.tune.specs import Pipeline, RolloutStage, parse_reference
 from aa_ray.tune.trials import DRIVER_CPUS, rollout_trial, train_trial
 
@@ -156,12 +156,7 @@ def run_pipeline(pipeline: Pipeline, force: bool = False, track: bool = True, re
         status = "FINISHED"
         return {"stages": stages, "root": str(root), "parent_run_id": parent.run_id if parent else None}
     finally:
-        if parent is not None:
-            parent.finish(status)
-        if started_ray:
-            import ray
-
-            ray.shutdown()
+        end_invocation(parent, status, started_ray)
 
 
 def _largest_stage_cpus(pipeline: Pipeline) -> float:

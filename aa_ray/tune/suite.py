@@ -27,7 +27,7 @@ from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import SpecError, spec_hash, validate_spec
 from aa_ray.tracking.mlflow_tracker import retry_locked
 from aa_ray.tracking.suite_report import ENV_TAG, LABEL_TAG, REFERENCES_TAG, SUPERSEDED_TAG
-from aa_ray.tune.parent import ParentRun, absolute_paths, tune_storage
+from aa_ray.tune.parent import ParentRun, absolute_paths, end_invocation, tune_storage
 from aa_ray.tune.specs import Suite
 from aa_ray.tune.trials import train_trial, trial_bundles
 
@@ -154,9 +154,10 @@ def run_suite(suite: Suite, force: bool = False, track: bool = True, report: Any
     started_ray = False
     outcomes: dict[str, dict[str, Any]] = {}
     try:
+        children = parent.children() if parent is not None else []
         if parent is not None:
-            _mark_superseded(parent, plans)
-        cells = {plan.name: _trial_config(plan, parent, force, report) for plan in todo}
+            _mark_superseded(parent, plans, children)
+        cells = {plan.name: _trial_config(plan, parent, children, force, report) for plan in todo}
         if todo:
             largest = max((trial_bundles(plan.spec) for plan in todo),
                           key=lambda bundles: sum(bundle.get("CPU", 0.0) for bundle in bundles))
@@ -172,20 +173,16 @@ def run_suite(suite: Suite, force: bool = False, track: bool = True, report: Any
             parent.log_artifact(table)
         return {"cells": rows, "root": str(root), "parent_run_id": parent.run_id if parent else None}
     finally:
-        if parent is not None:
-            parent.finish(status)
-        if started_ray:
-            import ray
-
-            ray.shutdown()
+        end_invocation(parent, status, started_ray)
 
 
-def _trial_config(plan: CellPlan, parent: ParentRun | None, force: bool, report: Any) -> dict[str, Any]:
+def _trial_config(plan: CellPlan, parent: ParentRun | None, children: list[Any], force: bool,
+                  report: Any) -> dict[str, Any]:
     resume_from = None if force else plan.newest_checkpoint()
     if resume_from is not None:
         report(f"{plan.name}: resuming from {resume_from.name}")
     elif parent is not None:  # it had not checkpointed: its partial child run would repeat steps
-        for child in parent.children():
+        for child in children:
             if all(child.data.tags.get(k) == v for k, v in plan.identity().items()):
                 retry_locked(lambda run_id=child.info.run_id: parent.client.delete_run(run_id))
     tracking = None
@@ -196,9 +193,9 @@ def _trial_config(plan: CellPlan, parent: ParentRun | None, force: bool, report:
             "resume_from": str(resume_from) if resume_from else None}
 
 
-def _mark_superseded(parent: ParentRun, plans: list[CellPlan]) -> None:
+def _mark_superseded(parent: ParentRun, plans: list[CellPlan], children: list[Any]) -> None:
     keys = {plan.name: plan.key for plan in plans}
-    for child in parent.children():
+    for child in children:
         cell, key = child.data.tags.get(CELL_TAG), child.data.tags.get(KEY_TAG)
         if cell is not None and keys.get(cell) != key and SUPERSEDED_TAG not in child.data.tags:
             retry_locked(lambda run_id=child.info.run_id: parent.client.set_tag(run_id, SUPERSEDED_TAG, "true"))

@@ -14,7 +14,7 @@ from ray import tune
 
 from aa_ray import metric_names as m
 from aa_ray.spec.loader import set_values, validate_spec
-from aa_ray.tune.parent import ParentRun, absolute_paths, tune_storage
+from aa_ray.tune.parent import ParentRun, absolute_paths, end_invocation, tune_storage
 from aa_ray.tune.specs import Sweep
 from aa_ray.tune.trials import train_trial, trial_bundles
 
@@ -101,12 +101,7 @@ def run_sweep(sweep: Sweep, track: bool = True, report: Any = print) -> dict[str
                 parent.log(metrics={f"best/{spec.metric}": best["metric"]}, tags=best_tags)
         return {"trials": trials, "best": best, "root": str(root), "parent_run_id": parent.run_id if parent else None}
     finally:
-        if parent is not None:
-            parent.finish(status)
-        if started_ray:
-            import ray
-
-            ray.shutdown()
+        end_invocation(parent, status, started_ray)
 
 
 def _probe_params(sweep: Sweep) -> list[dict[str, Any]]:
