@@ -77,6 +77,7 @@ class ActorGraph:
         self.pending_stats: list[dict] = []  # runners' normalizer moments the learners have not merged yet
         self.replay_size = 0
         self.runner_restarts = 0
+        self.unreported_restarts: list[RunnerRestart] = []  # replaced runners the driver has not told yet
 
     # ---- making and ending the actors ------------------------------------------------------------
     def start(self) -> None:
@@ -124,10 +125,10 @@ class ActorGraph:
         self.actors.close()
 
     # ---- faults ----------------------------------------------------------------------------------
-    def replace_runner(self, index: int, reason: str) -> int:
-        """Replace runner `index` in its bundle with a new incarnation; returns the run's restarts so
-        far. TrainingError past `runtime.max_runner_restarts`. The chunk it was collecting is lost,
-        the replay buffer is not."""
+    def replace_runner(self, index: int, reason: str) -> None:
+        """Replace runner `index` in its bundle with a new incarnation, queued for `take_restarts`.
+        TrainingError past `runtime.max_runner_restarts`. The chunk it was collecting is lost, the
+        replay buffer is not."""
         self.runner_restarts += 1
         limit = self.spec.runtime.max_runner_restarts
         if self.runner_restarts > limit:
@@ -139,7 +140,13 @@ class ActorGraph:
         self.runners[index] = self._make_runner(index, incarnation=self.runner_restarts)
         if self.weights is not None:
             self.runners[index].set_weights.remote(*self.weights)
-        return self.runner_restarts
+        self.unreported_restarts.append(RunnerRestart(index, reason, self.runner_restarts))
+
+    def take_restarts(self) -> list[RunnerRestart]:
+        """The runner restarts since the last call. Kept here, not in an iteration's result, so that
+        one is reported even when a learner or the replay dies later in the same iteration."""
+        restarts, self.unreported_restarts = self.unreported_restarts, []
+        return restarts
 
     def rebuild(self) -> None:
         """After a learner or the replay actor died: every actor replaced in the same bundles, empty.
@@ -238,15 +245,14 @@ class ActorGraph:
         except TrainingError as err:
             raise LearnerFailed(f"a learner failed, so the run stopped ({err})") from None
 
-    def evaluate(self, episodes: int) -> tuple[dict[str, float], RunnerRestart | None]:
-        """Runner 0 evaluates the newest weights: (the evaluation, None), or, when it died doing so,
-        (its replacement's evaluation, the restart)."""
+    def evaluate(self, episodes: int) -> dict[str, float]:
+        """Runner 0 evaluates the newest weights (its replacement does, when it died doing so)."""
         self.runners[0].set_weights.remote(*self.weights)  # async: it may still act with older weights
         try:
-            return get_results(self.runners[0].evaluate.remote(episodes)), None
+            return get_results(self.runners[0].evaluate.remote(episodes))
         except ActorLost as lost:
-            restart = RunnerRestart(0, str(lost), self.replace_runner(0, str(lost)))
-            return get_results(self.runners[0].evaluate.remote(episodes)), restart
+            self.replace_runner(0, str(lost))
+            return get_results(self.runners[0].evaluate.remote(episodes))
 
     def record_video(self, max_frames: int) -> tuple[bytes | None, str | None]:
         return get_results(self.runners[0].record_video.remote(max_frames))

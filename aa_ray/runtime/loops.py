@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aa_ray import metric_names as m
-from aa_ray.runtime.graph import ActorGraph, RunnerRestart, update_batches
+from aa_ray.runtime.graph import ActorGraph, update_batches
 from aa_ray.runtime.remote import get_or_failure, get_results
 from aa_ray.spec.experiment import ExperimentSpec
 
@@ -52,7 +52,6 @@ class Iteration:
     learner_metrics: dict[str, float] | None = None  # rank 0's metrics, when an update landed
     loop_metrics: dict[str, float] = field(default_factory=dict)  # async: policy version, updates per fleet step
     policy_lags: list[int] = field(default_factory=list)  # async: versions each chunk's weights were behind
-    runner_restarts: list[RunnerRestart] = field(default_factory=list)  # runners that failed, replaced
 
     @property
     def env_steps(self) -> int:
@@ -83,7 +82,7 @@ def _collect(graph: ActorGraph, sampled: list[tuple[Any, Any]], it: Iteration) -
     for index, (data_ref, stats_ref) in enumerate(sampled):
         stats, failure = get_or_failure(stats_ref)
         if failure is not None:
-            it.runner_restarts.append(RunnerRestart(index, failure, graph.replace_runner(index, failure)))
+            graph.replace_runner(index, failure)
         else:
             data.append(data_ref)
             it.chunks.append(stats)
@@ -214,7 +213,7 @@ class AsyncLoop:
         self.idle.add(index)
         stats, failure = get_or_failure(stats_ref)
         if failure is not None:
-            it.runner_restarts.append(RunnerRestart(index, failure, self.graph.replace_runner(index, failure)))
+            self.graph.replace_runner(index, failure)
             self.runner_version[index] = -1  # the replacement gets weights with its first chunk
             return False
         self.graph.replay_size = get_results(self.graph.replay.add.remote(transitions))

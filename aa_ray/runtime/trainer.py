@@ -54,7 +54,7 @@ from aa_ray.runtime.checkpoint import (
 )
 from aa_ray.runtime.counters import Counters, Window
 from aa_ray.runtime.env_state import pack, unpack
-from aa_ray.runtime.graph import ActorGraph, RunnerRestart
+from aa_ray.runtime.graph import ActorGraph
 from aa_ray.runtime.health import HealthChecks
 from aa_ray.runtime.learner import planned_fleet_steps
 from aa_ray.runtime.loops import Iteration, make_loop
@@ -171,8 +171,7 @@ class Trainer:
     def _end_of_iteration(self, it: Iteration) -> str | None:
         """Count the iteration and log it; evaluate, checkpoint and report when due. The stop
         reason once the run is over."""
-        for restart in it.runner_restarts:
-            self._runner_restarted(restart)
+        self._report_runner_restarts()
         self.counters.count(it)
         self.window.count(it)
         metrics = {**(it.learner_metrics or {}), **it.loop_metrics}
@@ -210,9 +209,8 @@ class Trainer:
         return metrics
 
     def _evaluate(self) -> dict[str, float]:
-        evaluation, restart = self.graph.evaluate(self.spec.eval.episodes)
-        if restart is not None:  # the evaluating runner died: its replacement evaluated
-            self._runner_restarted(restart)
+        evaluation = self.graph.evaluate(self.spec.eval.episodes)
+        self._report_runner_restarts()  # the evaluating runner died: its replacement evaluated
         if self.spec.eval.video and not self.video_unavailable:
             self._record_video()
         evaluation[m.EVAL_AT_ENV_STEPS] = float(self.counters.env_steps)
@@ -345,14 +343,16 @@ class Trainer:
         return "no checkpoint was written before it (checkpoint.every_env_steps sets how often one is)"
 
     # ---- faults and events -----------------------------------------------------------------------
-    def _runner_restarted(self, restart: RunnerRestart) -> None:
-        self._event("runner_restart", runner=restart.runner, reason=restart.reason, restarts=restart.restarts)
-        self._log({m.RUNTIME_RUNNER_RESTARTS: float(restart.restarts)}, self.counters.env_steps)
+    def _report_runner_restarts(self) -> None:
+        for restart in self.graph.take_restarts():
+            self._event("runner_restart", runner=restart.runner, reason=restart.reason, restarts=restart.restarts)
+            self._log({m.RUNTIME_RUNNER_RESTARTS: float(restart.restarts)}, self.counters.env_steps)
 
     def _recover(self, reason: str) -> None:
         """A learner or the replay actor died: rebuild the whole actor graph and continue from the
         last checkpoint (from the start if there is none yet), in the same MLflow run. The env steps
         since that checkpoint are collected again; the metrics of those steps are logged twice."""
+        self._report_runner_restarts()  # replaced earlier in the iteration that lost the actor
         self.graph_restarts += 1
         limit = self.spec.runtime.max_learner_restarts
         lost = self.graph.dead_actors() or ["an actor"]
