@@ -9,7 +9,10 @@ step per env step, temperature learned from 1.0 toward -|A|. Evaluation as the s
 every `eval.every_env_steps`, `eval.episodes` deterministic episodes, each on a fresh env reset with
 aa-ray's eval seeds for that seed (`aa_ray.seeding.eval_env_seeds`), so both face the same starts.
 
-A run that finished is not run again (its child run is FINISHED); `--jobs 2` runs two at once.
+A run that finished is not run again (its child run is FINISHED); `--jobs 2` runs two at once. A run
+saves its model, optimizers and replay buffer every `checkpoint.every_env_steps` under the suite's
+folder (`sb3/<run>/`), and an interrupted one resumes from there into the same child run. (Not
+bit-exact, unlike aa-ray's resume: the episode in progress restarts and the RNGs are not restored.)
 Start it after `aa-ray suite` has made the suite's parent run, or before, not at the same moment on
 a new SQLite store: two processes creating MLflow's tables at once collide (alembic's migration).
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -78,6 +82,22 @@ def evaluate(model: Any, env_id: str, seed: int, episodes: int) -> float:
     return float(np.mean(returns))
 
 
+STATE_FILE = "state.json"
+
+
+def save_checkpoint(model: Any, folder: Path, run_id: str) -> None:
+    """Model (with optimizers and temperature), replay buffer and the child run's id, replacing the
+    previous checkpoint only once the new one is whole."""
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    model.save(partial / "model.zip")
+    model.save_replay_buffer(partial / "replay.pkl")
+    (partial / STATE_FILE).write_text(json.dumps({"run_id": run_id, "env_steps": int(model.num_timesteps)}))
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
+
+
 def run_one(job: dict[str, Any]) -> dict[str, Any]:
     """One SB3 run, logged into its MLflow child run as it goes (eval/return at env steps)."""
     import gymnasium as gym
@@ -89,15 +109,22 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     client = MlflowClient(tracking_uri=job["uri"])
-    run_id = start_run(client, job["experiment"], job["tags"])  # when it starts, not while it waits its turn
-    log_in_batches(client, run_id, params=[Param(k, v[:6000]) for k, v in job["params"].items()])
-    every, episodes, budget = job["eval_every"], job["episodes"], job["env_steps"]
+    folder = Path(job["checkpoint_dir"])
+    state = json.loads((folder / STATE_FILE).read_text()) if job["resume"] else None
+    if state is None:  # when it starts, not while it waits its turn
+        run_id = start_run(client, job["experiment"], job["tags"])
+        log_in_batches(client, run_id, params=[Param(k, v[:6000]) for k, v in job["params"].items()])
+    else:
+        run_id = state["run_id"]
+        print(f"{job['cell']}: resuming from {state['env_steps']:,} env steps", flush=True)
+    every, episodes, budget, save_every = job["eval_every"], job["episodes"], job["env_steps"], job["checkpoint_every"]
     started = time.perf_counter()
 
     class Evaluations(BaseCallback):
-        def __init__(self) -> None:
+        def __init__(self, done_steps: int) -> None:
             super().__init__()
-            self.next_eval = every
+            self.next_eval = (done_steps // every + 1) * every
+            self.next_save = (done_steps // save_every + 1) * save_every
             self.phase_start: tuple[float, int] | None = None
 
         def _on_step(self) -> bool:
@@ -107,6 +134,9 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
             if steps >= self.next_eval:
                 self.next_eval += every
                 self.log_evaluation()
+            if steps >= self.next_save and steps < budget:
+                self.next_save += save_every
+                save_checkpoint(self.model, folder, run_id)
             return True
 
         def _on_training_end(self) -> None:  # aa-ray also evaluates once more at the end of the budget
@@ -124,9 +154,15 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
             print(f"{job['cell']}: {steps:,} env steps, {m.EVAL_RETURN} {value:.1f}", flush=True)
 
     env = gym.make(job["env"])
-    model = SAC("MlpPolicy", env, seed=job["seed"], device="cpu", verbose=0, **job["settings"])
-    model.learn(total_timesteps=budget, callback=Evaluations())
+    if state is None:
+        model = SAC("MlpPolicy", env, seed=job["seed"], device="cpu", verbose=0, **job["settings"])
+    else:
+        model = SAC.load(folder / "model.zip", env=env, device="cpu")
+        model.load_replay_buffer(folder / "replay.pkl")
+    done_steps = model.num_timesteps
+    model.learn(budget - done_steps, callback=Evaluations(done_steps), reset_num_timesteps=state is None)
     retry_locked(lambda: client.set_terminated(run_id))
+    shutil.rmtree(folder, ignore_errors=True)  # finished: its child run holds the result
     return {"cell": job["cell"], "seconds": time.perf_counter() - started}
 
 
@@ -153,16 +189,20 @@ def main() -> None:
         raise SystemExit("the suite's specs turn tracking off; there is no MLflow parent run to log into")
     import stable_baselines3
 
-    done = {child.data.tags.get(CONTENDER_TAG) for child in parent.children() if child.info.status == "FINISHED"}
+    children = parent.children()
+    done = {child.data.tags.get(CONTENDER_TAG) for child in children if child.info.status == "FINISHED"}
     jobs = []
     for cell, spec in zip(cells, specs, strict=True):
         name = cell_name(LABEL, cell["env"], cell["seed"])
         if name in done:
             print(f"{name}: finished earlier")
             continue
-        for child in parent.children():  # a run an interrupted invocation left behind starts over
-            if child.data.tags.get(CONTENDER_TAG) == name:
+        folder = suite_root(suite) / "sb3" / name
+        saved = json.loads((folder / STATE_FILE).read_text()) if (folder / STATE_FILE).is_file() else None
+        for child in children:  # an interrupted run without a checkpoint starts over
+            if child.data.tags.get(CONTENDER_TAG) == name and child.info.run_id != (saved or {}).get("run_id"):
                 retry_locked(lambda run_id=child.info.run_id: parent.client.delete_run(run_id))
+        resume = saved is not None and any(child.info.run_id == saved["run_id"] for child in children)
         settings = sb3_settings(spec)
         tags = {**parent.tags, PARENT_TAG: parent.run_id, "mlflow.runName": f"{suite.spec.name}:{name}",
                 LABEL_TAG: LABEL, ENV_TAG: cell["env"], SEED_TAG: str(cell["seed"]), CONTENDER_TAG: name}
@@ -172,7 +212,8 @@ def main() -> None:
         jobs.append({"cell": name, "env": cell["env"], "seed": cell["seed"], "settings": settings,
                      "env_steps": args.env_steps or spec.budget.env_steps, "eval_every": spec.eval.every_env_steps,
                      "episodes": spec.eval.episodes, "uri": parent.uri, "experiment": spec.tracking.experiment,
-                     "tags": tags, "params": params})
+                     "tags": tags, "params": params, "checkpoint_dir": str(folder), "resume": resume,
+                     "checkpoint_every": spec.checkpoint.every_env_steps or spec.eval.every_env_steps})
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for result in pool.map(run_one, jobs):
             print(f"{result['cell']}: done in {result['seconds']:.0f} s", flush=True)
