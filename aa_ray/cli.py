@@ -1,5 +1,6 @@
-"""`aa-ray` command line: run and validate experiment specs, record transition datasets, run
-Tune sweeps, benchmark suites and multi-stage pipelines."""
+"""`aa-ray` command line: run and validate experiment specs, evaluate and export checkpoints, record
+transition datasets, run Tune sweeps, benchmark suites and multi-stage pipelines. Training,
+evaluation and export go through the Python API (`aa_ray.api`)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,21 @@ def _parser() -> argparse.ArgumentParser:
     rollout.add_argument(
         "--deterministic", action="store_true", help="with --checkpoint: the policy's mean action, no sampling"
     )
+
+    evaluate = commands.add_parser(
+        "eval", help="evaluate a checkpoint's policy on its env's eval seeds (return, distance, success)"
+    )
+    evaluate.add_argument("checkpoint", help="a checkpoint folder (runs/<run>/checkpoints/<name>)")
+    evaluate.add_argument("--episodes", type=_positive_int, metavar="N",
+                          help="episodes (default: the run's eval.episodes)")
+    evaluate.add_argument("--video", metavar="OUT.gif", help="also write the first episode as a GIF")
+
+    export = commands.add_parser(
+        "export", help="write a checkpoint's deterministic policy as a TorchScript or ONNX file (runs without aa-ray)"
+    )
+    export.add_argument("checkpoint", help="a checkpoint folder (runs/<run>/checkpoints/<name>)")
+    export.add_argument("--format", required=True, choices=["torchscript", "onnx"])
+    export.add_argument("--out", required=True, metavar="FILE", help="the file to write")
 
     sweep = commands.add_parser("sweep", help="a Ray Tune search over spec keys (see specs/sweeps/)")
     sweep.add_argument("spec", help="path to a YAML sweep spec")
@@ -102,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         return _tune_command(args)
     if args.command == "report":
         return _report(args)
+    if args.command in ("eval", "export"):
+        return _policy_command(args)
     try:
         spec = load_spec(args.spec, args.overrides)
     except SpecError as err:
@@ -128,36 +146,54 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "rollout":
         return _rollout(spec, args)
-    # Imported here so `validate` and an invalid spec never start (or import) Ray or MLflow.
+    return _run(spec, args)
+
+
+def _run(spec: ExperimentSpec, args: argparse.Namespace) -> int:
+    """`aa-ray run`: the Python API's fit, its errors as one message each."""
+    from aa_ray.api import Experiment
     from aa_ray.data.dataset import DatasetError
-    from aa_ray.runtime.checkpoint import CheckpointError, load_checkpoint
-    from aa_ray.runtime.cluster import ResourceError, job_tracking_problem
+    from aa_ray.runtime.checkpoint import CheckpointError
+    from aa_ray.runtime.cluster import ResourceError
     from aa_ray.runtime.remote import TrainingError
-    from aa_ray.runtime.trainer import Trainer
 
-    problem = job_tracking_problem(spec.tracking.enabled and not args.no_track)
-    if problem:
-        return _fail(problem)
-
-    resume = None
-    if args.resume:  # Trainer.run checks it against the spec (verify_resume) before Ray starts
-        try:
-            resume = load_checkpoint(args.resume)
-        except CheckpointError as err:
-            return _fail(str(err))
-    trainer = Trainer(spec, resume=resume, track=False if args.no_track else None, live=False if args.plain else None)
+    experiment = Experiment(spec)
     try:
-        result = trainer.run()
+        result = experiment.fit(resume=args.resume, track=False if args.no_track else None,
+                                progress="plain" if args.plain else "auto")
     except (SpecError, DatasetError, CheckpointError) as err:
         return _fail(str(err))
     except (ResourceError, TrainingError) as err:
-        hint = f" Last checkpoint: {trainer.last_checkpoint}." if trainer.last_checkpoint else ""
-        return _fail(f"{err}{hint}", code=1)
+        last = experiment.trainer.last_checkpoint if experiment.trainer else None
+        return _fail(f"{err}" + (f" Last checkpoint: {last}." if last else ""), code=1)
     except KeyboardInterrupt:
         return _fail("interrupted", code=130)
-    print(f"run folder: {Path(result['run_dir'])}")
-    if result["mlflow_run_id"]:
-        print(f"mlflow run: {result['mlflow_run_id']}  (see it with: mlflow ui)")
+    print(f"run folder: {result.run_dir}")
+    if result.mlflow_run_id:
+        print(f"mlflow run: {result.mlflow_run_id}  (see it with: mlflow ui)")
+    return 0
+
+
+def _policy_command(args: argparse.Namespace) -> int:
+    """`aa-ray eval` and `aa-ray export` of a checkpoint's policy."""
+    from aa_ray.api import load_policy
+    from aa_ray.runtime.checkpoint import CheckpointError
+
+    try:
+        policy = load_policy(args.checkpoint)
+        if args.command == "export":
+            out = policy.export(args.out, args.format)
+            print(f"{args.format}: {out} (obs {policy.obs_dim} -> action {policy.act_dim}, {policy.spec.env.id})")
+            return 0
+        result = policy.evaluate(args.episodes, video=args.video)
+    except (SpecError, CheckpointError, ValueError) as err:
+        return _fail(str(err))
+    except RuntimeError as err:  # the video could not be rendered here
+        return _fail(str(err), code=1)
+    shown = "  ".join(f"{key} {value:.4g}" for key, value in result.items())
+    print(f"{policy.spec.env.id}, {args.episodes or policy.spec.eval.episodes} episodes: {shown}")
+    if args.video:
+        print(f"video: {args.video}")
     return 0
 
 

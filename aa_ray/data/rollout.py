@@ -38,19 +38,15 @@ def policy_from_checkpoint(spec: ExperimentSpec, checkpoint: str | Path) -> tupl
     (the checkpoint's algo does not fit the rest of the spec)."""
     from aa_ray.algos import build_policy
     from aa_ray.envs import env_dims
-    from aa_ray.runtime.checkpoint import CheckpointError, checkpoint_spec, load_checkpoint
+    from aa_ray.runtime.checkpoint import CheckpointError, checkpoint_policy, load_checkpoint
 
     payload = load_checkpoint(checkpoint)
-    trained = checkpoint_spec(payload)
+    trained, state = checkpoint_policy(payload)
     if trained.env.id != spec.env.id:
         raise RolloutError(
             f"checkpoint {payload['folder']} was trained on env {trained.env.id!r}, the spec's env is "
             f"{spec.env.id!r}; roll it out with the spec stored beside it (spec.yaml)."
         )
-    try:
-        state = payload["learner"]["algo"]["policy"]
-    except (KeyError, TypeError):
-        raise CheckpointError(f"checkpoint {payload['folder']} holds no policy weights.") from None
     obs_dim, act_dim = env_dims(spec)
     try:
         build_policy(trained.algo, obs_dim, act_dim).load_state_dict(state)

@@ -83,13 +83,16 @@ class GaussianActorCritic(nn.Module):
     def value(self, obs: np.ndarray) -> np.ndarray:
         return self.critic(self.obs_norm(torch.as_tensor(obs, dtype=torch.float32))).numpy()
 
+    def deterministic_action(self, obs: Tensor) -> Tensor:
+        """The mean action clipped to [-1, 1], for raw observations (evaluation, exported policies)."""
+        return self.actor.mean(self.obs_norm(obs)).clamp(-1.0, 1.0)
+
     @torch.no_grad()
     def act(self, obs: np.ndarray, deterministic: bool, generator: torch.Generator | None = None) -> np.ndarray:
         """Actions in [-1, 1] (evaluation and recorded datasets): the mean, or a clipped sample."""
         obs_t = torch.as_tensor(obs, dtype=torch.float32)
-        distribution = self.actor.distribution(self.obs_norm(obs_t))
         if deterministic:
-            action = distribution.mean
-        else:
-            action = distribution.mean + distribution.stddev * torch.randn(distribution.mean.shape, generator=generator)
+            return self.deterministic_action(obs_t).numpy()
+        distribution = self.actor.distribution(self.obs_norm(obs_t))
+        action = distribution.mean + distribution.stddev * torch.randn(distribution.mean.shape, generator=generator)
         return action.clamp(-1.0, 1.0).numpy()

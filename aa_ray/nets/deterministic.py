@@ -28,6 +28,9 @@ class DeterministicPolicy(nn.Module):
         """The policy's action for raw observations, differentiable, for training."""
         return torch.tanh(self.actor(self.obs_norm(obs)))
 
+    def deterministic_action(self, obs: Tensor) -> Tensor:
+        return self(obs)
+
     @torch.no_grad()
     def act(self, obs: np.ndarray, deterministic: bool, generator: torch.Generator | None = None) -> np.ndarray:
         action = self(torch.as_tensor(obs, dtype=torch.float32))

@@ -79,10 +79,28 @@ class SquashedGaussianPolicy(nn.Module):
         mean, log_std = self.actor(self.obs_norm(obs))
         return squashed_gaussian_sample(mean, log_std, generator)
 
+    def deterministic_action(self, obs: Tensor) -> Tensor:
+        """The squashed mean in [-1, 1], for raw observations (evaluation, exported policies)."""
+        return torch.tanh(self.actor(self.obs_norm(obs))[0])
+
     @torch.no_grad()
     def act(self, obs: np.ndarray, deterministic: bool, generator: torch.Generator | None = None) -> np.ndarray:
         obs_t = torch.as_tensor(obs, dtype=torch.float32)
-        mean, log_std = self.actor(self.obs_norm(obs_t))
         if deterministic:
-            return torch.tanh(mean).numpy()
+            return self.deterministic_action(obs_t).numpy()
+        mean, log_std = self.actor(self.obs_norm(obs_t))
         return squashed_gaussian_sample(mean, log_std, generator)[0].numpy()
+
+
+class BoundedPolicy(nn.Module):
+    """A policy's deterministic action mapped onto the env's action bounds: raw observations in,
+    env actions out, the observation normalizer included (what `aa-ray export` writes)."""
+
+    def __init__(self, policy: nn.Module, low: np.ndarray, high: np.ndarray):
+        super().__init__()
+        self.policy = policy
+        self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32))
+        self.register_buffer("high", torch.as_tensor(high, dtype=torch.float32))
+
+    def forward(self, obs: Tensor) -> Tensor:
+        return self.low + 0.5 * (self.policy.deterministic_action(obs) + 1.0) * (self.high - self.low)

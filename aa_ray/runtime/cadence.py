@@ -22,6 +22,7 @@ from aa_ray.spec.experiment import ExperimentSpec
 
 BUDGET = "budget"
 TARGET_REACHED = "target reached"
+STOPPED_BY_CALLBACK = "stopped by a callback"  # a reporter (the Python API's callbacks) said stop
 
 
 @dataclass(frozen=True)

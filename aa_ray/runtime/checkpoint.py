@@ -119,6 +119,16 @@ def checkpoint_spec(payload: dict[str, Any]) -> ExperimentSpec:
         raise CheckpointError(str(err)) from None
 
 
+def checkpoint_policy(payload: dict[str, Any]) -> tuple[ExperimentSpec, dict[str, torch.Tensor]]:
+    """The spec a checkpoint was trained with and its acting policy's weights (CheckpointError if
+    it holds none)."""
+    trained = checkpoint_spec(payload)
+    try:
+        return trained, payload["learner"]["algo"]["policy"]
+    except (KeyError, TypeError):
+        raise CheckpointError(f"checkpoint {payload['folder']} holds no policy weights.") from None
+
+
 def check_compatible(spec: ExperimentSpec, payload: dict[str, Any]) -> None:
     """Refuse to resume a checkpoint into a spec whose env or algorithm differ."""
     stored = payload.get("spec")

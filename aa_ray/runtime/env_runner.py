@@ -126,6 +126,12 @@ class EnvRunner:
         self.recorder: EpisodeRecorder | None = None  # rollout() state, made on first use
         self.metrics = RunMetrics(run_tag(spec), runner=index)
 
+    def close(self) -> None:
+        """Close the envs (an actor's process ending does it too; in-process users call this)."""
+        for envs in (self.envs, self.eval_envs):
+            if envs is not None:
+                envs.close()
+
     def set_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         if version != self.policy_version:
             self.policy.load_state_dict(state)

@@ -43,7 +43,7 @@ from aa_ray.algos import build_algorithm
 from aa_ray.data.dataset import DatasetError, read_dataset
 from aa_ray.envs import env_dims
 from aa_ray.runtime import cluster
-from aa_ray.runtime.cadence import BUDGET, Cadence
+from aa_ray.runtime.cadence import BUDGET, STOPPED_BY_CALLBACK, Cadence
 from aa_ray.runtime.checkpoint import (
     SPEC_FILE,
     STATE_FILE,
@@ -69,8 +69,9 @@ if TYPE_CHECKING:
     from aa_ray.tracking.mlflow_tracker import MlflowTracker, RunContext
 
 # Called after each evaluation and checkpoint with the iteration's metrics and the checkpoint folder
-# written at that point (None if none was); a Tune trial reports both to Tune with it.
-Reporter = Callable[[dict[str, float], Path | None], None]
+# written at that point (None if none was); a Tune trial reports both to Tune with it, the Python
+# API hands them to its callbacks. A true return value stops the run (after its final checkpoint).
+Reporter = Callable[[dict[str, float], Path | None], bool | None]
 
 
 class Trainer:
@@ -189,8 +190,8 @@ class Trainer:
         checkpoint = self.save_checkpoint(f"step_{env_steps:09d}") if outcome.checkpoint else None
         if checkpoint is not None:
             self.progress.message(f"checkpoint: {checkpoint}")
-        if outcome.report:
-            self.reporter(metrics, checkpoint)
+        if outcome.report and self.reporter(metrics, checkpoint):
+            return STOPPED_BY_CALLBACK
         return outcome.stop_reason
 
     def _run_metrics(self) -> dict[str, float]:

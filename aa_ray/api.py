@@ -1,0 +1,222 @@
+"""aa-ray from Python, for notebooks and scripts. The `aa-ray` command is a thin layer over this
+module: `aa-ray run` is `Experiment(...).fit()`, `aa-ray eval` is `load_policy(...).evaluate()`,
+`aa-ray export` is `load_policy(...).export()`.
+
+    from aa_ray.api import Experiment, load_policy
+
+    experiment = Experiment("specs/sac.yaml", {"budget.env_steps": 3000})
+    result = experiment.fit(callbacks=[print])    # each evaluation and checkpoint, as a `Report`
+    policy = load_policy(result.checkpoint)
+    actions = policy.predict(observations)        # numpy in, env actions out (a batch or one)
+    policy.evaluate(episodes=10)                  # {"eval/return": ..., "eval/distance": ...}
+
+`fit` trains on an embedded local Ray instance, or joins the cluster at `RAY_ADDRESS`, exactly as
+the command does. A callback that returns True stops the run after that report (with a final
+checkpoint). Progress is plain log lines unless stderr is a terminal, so a notebook shows lines,
+not a redrawn panel (`progress="live"` or `"plain"` chooses).
+
+Errors are the command's: `SpecError` for a bad spec or override, `CheckpointError` for a missing,
+corrupt or foreign checkpoint, `TrainingError` / `ResourceError` when a run fails, each with a
+message that names the field or file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from aa_ray import metric_names as m
+from aa_ray.spec.experiment import ExperimentSpec
+from aa_ray.spec.loader import SpecError, apply_overrides, read_yaml, set_values, spec_to_dict, validate_spec
+
+EXPORT_FORMATS = ("torchscript", "onnx")
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a callback sees after an evaluation or a checkpoint (`final` once, at the end)."""
+
+    env_steps: int
+    metrics: dict[str, float]
+    checkpoint: Path | None  # the checkpoint written at this point, if one was
+    final: bool = False
+
+
+Callback = Callable[[Report], Any]  # returns True to stop the run
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_dir: Path
+    checkpoint: Path  # the final checkpoint
+    mlflow_run_id: str | None
+    env_steps: int
+    stop_reason: str  # "budget", "target reached" or "stopped by a callback"
+    metrics: dict[str, float]  # the last evaluation's
+    evals: list[dict[str, float]] = field(repr=False)
+
+
+class Experiment:
+    """A validated spec, from a YAML file or a dict, with overrides by dotted key."""
+
+    def __init__(
+        self, spec: str | Path | Mapping[str, Any] | ExperimentSpec, overrides: Mapping[str, Any] | Iterable[str] = ()
+    ):
+        if isinstance(spec, ExperimentSpec | Mapping):
+            raw, source = (spec_to_dict(spec) if isinstance(spec, ExperimentSpec) else dict(spec)), "the spec"
+        else:
+            raw, source = read_yaml(spec), str(spec)
+        if isinstance(overrides, Mapping):  # values as Python objects
+            raw = set_values(raw, overrides, source="override")
+            shown = [f"{key}={value}" for key, value in overrides.items()]
+        else:  # "dotted.key=value" strings, as --set takes them
+            shown = list(overrides)
+            raw = apply_overrides(raw, shown)
+        self.spec: ExperimentSpec = validate_spec(raw, source + (f" with {' '.join(shown)}" if shown else ""))
+        self.trainer: Any = None  # the last fit's driver: its last_checkpoint survives a failed run
+
+    def fit(
+        self,
+        callbacks: Iterable[Callback] = (),
+        *,
+        resume: str | Path | None = None,
+        track: bool | None = None,
+        progress: Literal["auto", "live", "plain"] = "auto",
+    ) -> RunResult:
+        """Train until the budget, a `budget.stop_at_*` target or a callback stops the run.
+        `resume`: a checkpoint folder to continue from; `track`: False keeps it out of MLflow."""
+        from aa_ray.runtime.checkpoint import load_checkpoint
+        from aa_ray.runtime.cluster import job_tracking_problem
+        from aa_ray.runtime.trainer import Trainer
+
+        tracked = self.spec.tracking.enabled if track is None else track
+        problem = job_tracking_problem(tracked)
+        if problem:
+            raise SpecError(problem)
+        payload = load_checkpoint(resume) if resume is not None else None  # checked against the spec in run()
+        callbacks = list(callbacks)
+        live = {"auto": None, "live": True, "plain": False}[progress]
+        self.trainer = Trainer(self.spec, resume=payload, track=track, live=live,
+                               reporter=_reporter(callbacks) if callbacks else None)
+        outcome = self.trainer.run()
+        return RunResult(
+            run_dir=Path(outcome["run_dir"]), checkpoint=Path(outcome["checkpoint"]),
+            mlflow_run_id=outcome["mlflow_run_id"], env_steps=outcome["env_steps"],
+            stop_reason=outcome["stop_reason"], metrics=dict(outcome["evals"][-1]) if outcome["evals"] else {},
+            evals=outcome["evals"],
+        )
+
+    learn = fit  # SB3's name for it
+
+
+def _reporter(callbacks: list[Callback]) -> Callable[[dict[str, float], Path | None], bool]:
+    def report(metrics: dict[str, float], checkpoint: Path | None) -> bool:
+        final = m.RUN_FINISHED in metrics
+        event = Report(int(metrics[m.ENV_STEPS]), {k: v for k, v in metrics.items() if k != m.RUN_FINISHED},
+                       checkpoint, final)
+        return any([callback(event) is True for callback in callbacks]) and not final  # every callback sees it
+
+    return report
+
+
+class Policy:
+    """A checkpoint's acting policy: observation normalizer, network and the env's action bounds."""
+
+    def __init__(self, checkpoint: str | Path):
+        import torch
+
+        from aa_ray.algos import build_policy
+        from aa_ray.envs import env_dims, make_vector_env
+        from aa_ray.nets.policy import BoundedPolicy
+        from aa_ray.runtime.checkpoint import CheckpointError, checkpoint_policy, load_checkpoint
+
+        payload = load_checkpoint(checkpoint)
+        self.checkpoint = Path(payload["folder"])
+        self.spec, state = checkpoint_policy(payload)
+        self.obs_dim, self.act_dim = env_dims(self.spec)
+        self.network = build_policy(self.spec.algo, self.obs_dim, self.act_dim)
+        try:
+            self.network.load_state_dict(state)
+        except RuntimeError as err:
+            raise CheckpointError(f"checkpoint {self.checkpoint}: its policy weights do not fit its own spec's "
+                                  f"networks ({str(err).splitlines()[0]})") from None
+        self.network.eval().requires_grad_(False)  # an exported file then needs no torch.no_grad()
+        envs = make_vector_env(self.spec, 1)
+        space = envs.single_action_space
+        envs.close()
+        self.bounded = BoundedPolicy(self.network, space.low, space.high).eval()
+        self.generator = torch.Generator().manual_seed(self.spec.seed)
+
+    def predict(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
+        """Env actions for raw observations: shape (obs_dim,) gives (act_dim,), (N, obs_dim) gives
+        (N, act_dim). `deterministic=False` samples as the policy explores."""
+        import torch
+
+        batch = np.asarray(obs, dtype=np.float32)
+        single = batch.ndim == 1
+        if batch.shape[-1:] != (self.obs_dim,) or batch.ndim > 2:
+            raise ValueError(f"expected observations of shape ({self.obs_dim},) or (N, {self.obs_dim}) for "
+                             f"{self.spec.env.id}, got {batch.shape}")
+        batch = batch[None] if single else batch
+        with torch.no_grad():
+            if deterministic:
+                actions = self.bounded(torch.from_numpy(batch)).numpy()
+            else:
+                unit = self.network.act(batch, deterministic=False, generator=self.generator)
+                low, high = self.bounded.low.numpy(), self.bounded.high.numpy()
+                actions = low + 0.5 * (unit + 1.0) * (high - low)
+        return actions[0] if single else actions
+
+    def evaluate(self, episodes: int | None = None, video: str | Path | None = None) -> dict[str, float]:
+        """Deterministic episodes on the eval seeds of the checkpoint's run (the starts its own
+        evaluations faced): mean return and length, and distance/success where the env reports
+        them. `video`: also write the first episode as a GIF (None written where nothing can render)."""
+        from aa_ray.runtime.env_runner import EnvRunner
+
+        spec = self.spec.model_copy(update={"runners": self.spec.runners.model_copy(update={"envs_per_runner": 1})})
+        runner = EnvRunner(spec, 0)
+        try:
+            runner.set_weights(self.network.state_dict(), 0)
+            result = runner.evaluate(episodes or self.spec.eval.episodes)
+            if video is not None:
+                gif, problem = runner.record_video(self.spec.eval.video_max_frames)
+                if gif is None:
+                    raise RuntimeError(f"cannot record {video}: {problem}")
+                Path(video).write_bytes(gif)
+        finally:
+            runner.close()
+        return result
+
+    def export(self, out: str | Path, format: Literal["torchscript", "onnx"]) -> Path:
+        """Write the deterministic acting policy (raw observations in, env actions out) as a file
+        that runs without aa-ray: TorchScript (`torch.jit.load`) or ONNX (`onnxruntime`)."""
+        import torch
+
+        if format not in EXPORT_FORMATS:
+            raise ValueError(f"unknown export format {format!r}; choose one of {', '.join(EXPORT_FORMATS)}")
+        out = Path(out)
+        if out.is_dir():
+            raise ValueError(f"--out {out} is a folder; pass the path of the file to write")
+        example = torch.zeros(2, self.obs_dim)
+        partial = out.with_name(out.name + ".partial")  # a failed export leaves no file behind
+        try:
+            with torch.no_grad():
+                if format == "torchscript":
+                    torch.jit.trace(self.bounded, example).save(str(partial))
+                else:
+                    torch.onnx.export(self.bounded, (example,), str(partial), input_names=["obs"],
+                                      output_names=["action"], dynamic_shapes={"obs": {0: torch.export.Dim("batch")}},
+                                      dynamo=True, verbose=False)
+            partial.replace(out)
+        finally:
+            partial.unlink(missing_ok=True)
+        return out
+
+
+def load_policy(checkpoint: str | Path) -> Policy:
+    """The acting policy of a checkpoint folder (CheckpointError for a missing or foreign one)."""
+    return Policy(checkpoint)

@@ -1,0 +1,156 @@
+"""The Python API (`aa_ray.api`), `aa-ray eval` and `aa-ray export`.
+
+The README's API example runs as written (on the embedded Ray, a real MLflow store in a temp dir),
+and its policy's actions equal those of the same spec trained by `aa-ray run`: one code path.
+`aa-ray eval` repeats a run's last evaluation exactly; `aa-ray export` writes TorchScript and ONNX
+files that load without aa-ray and act as the checkpoint's policy does, for sac, sac_simba, td3
+and ppo. Bad input fails with one message and writes nothing."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+from aa_ray import cli
+from aa_ray.api import Experiment, Report, load_policy
+from aa_ray.spec.loader import SpecError
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECS = ROOT / "specs"
+INLINE = {"runtime.backend": "inline", "tracking.enabled": False, "runners.num_runners": 1}
+
+
+def readme_example() -> str:
+    """The README's Python block (between the api-example markers)."""
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- api-example -->\s*```python\n(.*?)```", text, re.S)
+    assert block, "README.md has no <!-- api-example --> python block"
+    return block.group(1)
+
+
+def final_checkpoint(folder: Path) -> Path:
+    (checkpoint,) = folder.glob("runs/*/checkpoints/final")
+    return checkpoint
+
+
+def test_readme_example_trains_like_the_cli_and_eval_repeats_the_last_evaluation(tmp_path: Path) -> None:
+    """Same spec and overrides through the API (the README's code) and through `aa-ray run`: sync
+    mode is reproducible, so the two final policies act identically; `aa-ray eval` of the CLI's
+    checkpoint reports the distance of that run's last evaluation."""
+    api_dir, cli_dir = tmp_path / "api", tmp_path / "cli"
+    for folder in (api_dir, cli_dir):
+        folder.mkdir()
+        (folder / "specs").symlink_to(SPECS)
+    env = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}  # ./mlflow.db
+    example = subprocess.run([sys.executable, "-c", readme_example()], cwd=api_dir, capture_output=True, text=True,
+                             timeout=600, env=env)
+    assert example.returncode == 0, example.stderr[-3000:]
+    overrides = re.search(r"Experiment\(\"specs/sac.yaml\", (\{.*?\})\)", readme_example(), re.S).group(1)
+    settings = [f"{key}={value}" for key, value in ast.literal_eval(overrides).items()]  # the example's own
+    run = subprocess.run([sys.executable, "-m", "aa_ray.cli", "run", "specs/sac.yaml", "--plain",
+                          *[arg for s in settings for arg in ("--set", s)]],
+                         cwd=cli_dir, capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+    api_policy, cli_policy = load_policy(final_checkpoint(api_dir)), load_policy(final_checkpoint(cli_dir))
+    obs = np.random.default_rng(0).normal(size=(64, api_policy.obs_dim)).astype(np.float32)
+    np.testing.assert_array_equal(api_policy.predict(obs), cli_policy.predict(obs))
+    # the callback saw each evaluation (every 500 steps), then the budget ended the run
+    assert len(re.findall(r"\d+ env steps: eval/distance", example.stdout)) == 3, example.stdout
+    assert re.search(r"^budget .*checkpoints/final", example.stdout, re.M), example.stdout
+
+    client = MlflowClient(f"sqlite:///{cli_dir / 'mlflow.db'}")
+    (tracked,) = client.search_runs([client.get_experiment_by_name("aa-ray").experiment_id])
+    history = sorted(client.get_metric_history(tracked.info.run_id, "eval/distance"), key=lambda p: p.step)
+    evaluated = subprocess.run([sys.executable, "-m", "aa_ray.cli", "eval", str(final_checkpoint(cli_dir))],
+                               cwd=cli_dir, capture_output=True, text=True, timeout=300, env=env)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    shown = float(re.search(r"eval/distance (\S+)", evaluated.stdout).group(1))
+    assert shown == pytest.approx(history[-1].value, rel=1e-3), evaluated.stdout
+
+
+@pytest.mark.parametrize("spec_file", ["sac.yaml", "sac_simba.yaml", "td3.yaml", "ppo.yaml"])
+def test_export_round_trips_through_torchscript_and_onnx_without_aa_ray(spec_file: str, tmp_path: Path) -> None:
+    short = {"algo.train_every": 16} if spec_file == "ppo.yaml" else {"algo.warm_up_steps": 100}  # ppo: 16 x 16 envs
+    overrides = {**INLINE, **short, "runtime.output_dir": str(tmp_path / "runs"), "budget.env_steps": 400,
+                 "checkpoint.every_env_steps": None, "algo.normalize_obs": True}
+    checkpoint = Experiment(SPECS / spec_file, overrides).fit(progress="plain").checkpoint
+    policy = load_policy(checkpoint)
+    assert float(policy.network.obs_norm.count) > 0  # a trained normalizer, which the files must carry
+    files = {fmt: tmp_path / f"policy.{fmt}" for fmt in ("torchscript", "onnx")}
+    for fmt, out in files.items():
+        assert cli.main(["export", str(checkpoint), "--format", fmt, "--out", str(out)]) == 0
+
+    obs = np.random.default_rng(1).normal(size=(32, policy.obs_dim)).astype(np.float32) * 3
+    np.save(tmp_path / "obs.npy", obs)
+    # a fresh interpreter in which aa_ray cannot be imported loads both files
+    script = f"""
+import sys; sys.modules["aa_ray"] = None
+import numpy as np, onnxruntime, torch
+obs = np.load({str(tmp_path / 'obs.npy')!r})
+np.save({str(tmp_path / 'ts.npy')!r}, torch.jit.load({str(files['torchscript'])!r})(torch.from_numpy(obs)).numpy())
+session = onnxruntime.InferenceSession({str(files['onnx'])!r})
+np.save({str(tmp_path / 'onnx.npy')!r}, session.run(None, {{"obs": obs}})[0])
+"""
+    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    expected = policy.predict(obs)
+    for name in ("ts", "onnx"):
+        np.testing.assert_allclose(np.load(tmp_path / f"{name}.npy"), expected, atol=1e-5)
+    low, high = policy.bounded.low.numpy(), policy.bounded.high.numpy()
+    assert np.all(expected >= low - 1e-6) and np.all(expected <= high + 1e-6)
+    assert not np.allclose(expected, expected[0])  # it acts on the observations, not a constant
+
+
+def test_a_callback_sees_each_report_and_can_stop_the_run(tmp_path: Path) -> None:
+    reports: list[Report] = []
+
+    def stop_at_the_first_checkpoint(report: Report) -> bool:
+        reports.append(report)
+        return report.checkpoint is not None
+
+    experiment = Experiment(SPECS / "sac.yaml", {
+        **INLINE, "runtime.output_dir": str(tmp_path), "budget.env_steps": 2000, "algo.warm_up_steps": 100,
+        "eval.every_env_steps": 200, "eval.episodes": 2, "checkpoint.every_env_steps": 500,
+    })
+    result = experiment.fit(callbacks=[stop_at_the_first_checkpoint], progress="plain")
+    assert result.stop_reason == "stopped by a callback" and 500 <= result.env_steps < 2000
+    assert [r.checkpoint is not None for r in reports] == [False, False, True, True]  # 2 evals, the stop, final
+    assert reports[-1].final and reports[-1].checkpoint == result.checkpoint and result.checkpoint.is_dir()
+    assert all("eval/return" in r.metrics for r in reports) and result.metrics == result.evals[-1]
+    policy = load_policy(result.checkpoint)
+    assert policy.predict(np.zeros(policy.obs_dim)).shape == (policy.act_dim,)
+
+
+def test_bad_input_gets_one_message_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "state.pt").write_bytes(b"not a torch file")
+    out = tmp_path / "policy.onnx"
+    cases = [
+        (["eval", str(tmp_path / "missing")], "not found"),
+        (["export", str(tmp_path / "missing"), "--format", "onnx", "--out", str(out)], "not found"),
+        (["export", str(foreign), "--format", "onnx", "--out", str(out)], "not an aa-ray checkpoint"),
+        (["eval", str(foreign)], "not an aa-ray checkpoint"),
+    ]
+    for argv, expected in cases:
+        assert cli.main(argv) == 2, argv
+        error = capsys.readouterr().err
+        assert expected in error and "Traceback" not in error and error.count("\n") == 1, error
+    with pytest.raises(SystemExit) as exit_info:  # argparse names the allowed formats
+        cli.main(["export", str(foreign), "--format", "tflite", "--out", str(out)])
+    assert exit_info.value.code == 2 and "torchscript" in capsys.readouterr().err
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["foreign"]
+
+    with pytest.raises(SpecError, match="budget.env_steps"):
+        Experiment(SPECS / "sac.yaml", {"budget.env_steps": "many"})
+    with pytest.raises(SpecError, match="algo.no_such_knob"):
+        Experiment(SPECS / "sac.yaml", ["algo.no_such_knob=1"])
