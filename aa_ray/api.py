@@ -54,6 +54,7 @@ class RunResult:
     run_dir: Path
     checkpoint: Path  # the final checkpoint
     mlflow_run_id: str | None
+    mlflow_url: str | None  # the run's page in the MLflow UI (for a local store: once `mlflow ui` serves it)
     env_steps: int
     stop_reason: str  # "budget", "target reached" or "stopped by a callback"
     metrics: dict[str, float]  # the last evaluation's
@@ -105,7 +106,7 @@ class Experiment:
         outcome = self.trainer.run()
         return RunResult(
             run_dir=Path(outcome["run_dir"]), checkpoint=Path(outcome["checkpoint"]),
-            mlflow_run_id=outcome["mlflow_run_id"], env_steps=outcome["env_steps"],
+            mlflow_run_id=outcome["mlflow_run_id"], mlflow_url=outcome["mlflow_url"], env_steps=outcome["env_steps"],
             stop_reason=outcome["stop_reason"], metrics=dict(outcome["evals"][-1]) if outcome["evals"] else {},
             evals=outcome["evals"],
         )

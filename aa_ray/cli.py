@@ -170,8 +170,12 @@ def _run(spec: ExperimentSpec, args: argparse.Namespace) -> int:
         return _fail("interrupted", code=130)
     print(f"run folder: {result.run_dir}")
     if result.mlflow_run_id:
-        print(f"mlflow run: {result.mlflow_run_id}  (see it with: mlflow ui)")
+        print(f"mlflow run: {result.mlflow_run_id}  {result.mlflow_url}" + _ui_hint(result.mlflow_url))
     return 0
+
+
+def _ui_hint(url: str) -> str:
+    return "  (after: mlflow ui)" if url.startswith("http://127.0.0.1:5000/") else ""
 
 
 def _policy_command(args: argparse.Namespace) -> int:

@@ -6,7 +6,10 @@ the test finds the metric names in the rendered page, and the screenshot is kept
 
 from __future__ import annotations
 
+import contextlib
+import html
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -14,6 +17,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +25,17 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from aa_ray.spec.loader import SpecError, load_spec
-from aa_ray.tracking.mlflow_tracker import MlflowTracker, RunContext, TrackingError, log_in_batches, start_run
+from aa_ray.tracking.mlflow_tracker import (
+    EXPERIMENT_KIND_TAG,
+    MODEL_TRAINING,
+    MlflowTracker,
+    RunContext,
+    TrackingError,
+    compare_link,
+    experiment_link,
+    log_in_batches,
+    start_run,
+)
 from aa_ray.tune.parent import ParentRun
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,15 +86,9 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.fixture
-def mlflow_ui(tmp_path: Path):
-    """`mlflow ui` on loopback over the test's SQLite store, with one finished run in it."""
-    spec = load_spec(ROOT / "specs" / "sac.yaml")
-    tracker = MlflowTracker(spec)
-    for step in (1000, 2000):
-        tracker.log_metrics({key: value * step / 2000 for key, value in METRICS.items()}, step)
-    tracker.finish("FINISHED")
-    experiment_id = tracker.client.get_run(tracker.run_id).info.experiment_id
+@contextlib.contextmanager
+def serving_ui(tmp_path: Path) -> Iterator[str]:
+    """`mlflow ui` on loopback over the test's SQLite store; yields its base URL."""
     port = free_port()
     server = subprocess.Popen(
         [str(Path(sys.executable).parent / "mlflow"), "ui", "--backend-store-uri", os.environ["MLFLOW_TRACKING_URI"],
@@ -97,10 +105,27 @@ def mlflow_ui(tmp_path: Path):
                 if time.monotonic() > deadline or server.poll() is not None:
                     raise RuntimeError("mlflow ui did not come up") from None
                 time.sleep(0.5)
-        yield f"http://127.0.0.1:{port}/#/experiments/{experiment_id}/runs/{tracker.run_id}"
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def served(link: str, base: str) -> str:
+    """A link aa-ray prints (for `mlflow ui`'s default address) on this test's server."""
+    return link.replace("http://127.0.0.1:5000", base)
+
+
+@pytest.fixture
+def mlflow_ui(tmp_path: Path):
+    """The page of one finished run, as `aa-ray run` prints its link."""
+    spec = load_spec(ROOT / "specs" / "sac.yaml")
+    tracker = MlflowTracker(spec)
+    for step in (1000, 2000):
+        tracker.log_metrics({key: value * step / 2000 for key, value in METRICS.items()}, step)
+    tracker.finish("FINISHED")
+    with serving_ui(tmp_path) as base:
+        yield served(tracker.url, base)
 
 
 def chromium(*args: str) -> subprocess.CompletedProcess:
@@ -114,11 +139,15 @@ def chromium(*args: str) -> subprocess.CompletedProcess:
         shutil.rmtree(profile, ignore_errors=True)
 
 
-def test_mlflow_ui_shows_the_runs_metrics(mlflow_ui: str) -> None:
+def need_chromium() -> None:
     if CHROMIUM is None:
         if os.environ.get("CI"):
             pytest.fail("CI must have Debian's chromium (.ci/run installs it)")
         pytest.skip("chromium is not installed (apt-get install chromium)")
+
+
+def test_mlflow_ui_shows_the_runs_metrics(mlflow_ui: str) -> None:
+    need_chromium()
     page = chromium("--dump-dom", mlflow_ui)
     assert page.returncode == 0, page.stderr[-2000:]
     missing = [name for name in METRICS if name not in page.stdout]
@@ -127,3 +156,42 @@ def test_mlflow_ui_shows_the_runs_metrics(mlflow_ui: str) -> None:
     screenshot = ARTIFACTS / "mlflow_run_page.png"
     shot = chromium(f"--screenshot={screenshot}", mlflow_ui)
     assert shot.returncode == 0 and screenshot.stat().st_size > 10_000, shot.stderr[-2000:]
+
+
+def test_a_sweeps_children_compare_side_by_side_in_the_model_training_view(tmp_path: Path) -> None:
+    """Two children of a sweep parent, recorded as sweep trials record themselves. The experiment
+    opens in the model-training view (MLflow 3's default is its GenAI view); the compare link that
+    a sweep prints shows both runs' params side by side, and its metric link draws one line per run."""
+    need_chromium()
+    parent = ParentRun("aa-ray", "sweep", "utd", "sweep:utd")
+    children = []
+    for utd, lr in ((1, 0.0003), (2, 0.001)):
+        spec = load_spec(ROOT / "specs" / "sac.yaml", [f"algo.utd_ratio={utd}", f"algo.critic_lr={lr}"])
+        tracker = MlflowTracker(spec, context=RunContext(parent_run_id=parent.run_id, run_name=f"utd_ratio={utd}"))
+        for step in (1000, 2000, 3000):
+            tracker.log_metrics({"eval/return": -20.0 + utd * step / 500}, step)
+        tracker.finish("FINISHED")
+        children.append(tracker.run_id)
+    parent.finish("FINISHED")
+    experiment = parent.client.get_experiment(parent.experiment_id)
+    assert experiment.tags[EXPERIMENT_KIND_TAG] == MODEL_TRAINING
+
+    with serving_ui(tmp_path) as base:
+        experiment_page = served(experiment_link(parent.uri, parent.experiment_id), base)
+        training_view, genai_view = (chromium("--dump-dom", url) for url in (experiment_page,
+                                                                              experiment_page.split("?")[0]))
+        assert "sweep:utd" in training_view.stdout and "Evaluation runs" not in training_view.stdout
+        assert "Evaluation runs" in genai_view.stdout  # without the link's view parameter: why it has one
+
+        compare = chromium("--dump-dom", served(compare_link(parent.uri, parent.experiment_id, children), base))
+        assert compare.returncode == 0, compare.stderr[-2000:]
+        for text in ("utd_ratio=1", "utd_ratio=2", "algo.critic_lr", "0.0003", "0.001", "algo.utd_ratio"):
+            assert text in compare.stdout, f"the compare view does not show {text!r}"
+        metric_href = re.search(r'href="(#/metric\?[^"]*eval%2Freturn[^"]*)"', compare.stdout)
+        assert metric_href, "the compare view links no eval/return chart"
+        chart = chromium("--dump-dom", f"{base}/{html.unescape(metric_href.group(1))}")
+        lines = re.findall(r"utd_ratio=\d \(eval/return\)", chart.stdout)  # the chart's legend
+        assert sorted(lines) == ["utd_ratio=1 (eval/return)", "utd_ratio=2 (eval/return)"], lines
+        ARTIFACTS.mkdir(exist_ok=True)
+        chromium(f"--screenshot={ARTIFACTS / 'mlflow_compare.png'}", served(
+            compare_link(parent.uri, parent.experiment_id, children), base))

@@ -253,6 +253,7 @@ class Trainer:
             "checkpoint": str(final),
             "run_dir": str(self.run_dir),
             "mlflow_run_id": self.tracker.run_id if self.tracker else None,
+            "mlflow_url": self.tracker.url if self.tracker else None,
             "replay_size": self.graph.replay_size,
             "prior_size": prior["rows"] if prior else 0,
             "runner_restarts": self.graph.runner_restarts,

@@ -9,6 +9,7 @@ another process waits and retries instead of failing.
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import time
@@ -17,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
+from urllib.parse import urlencode
 
 import mlflow
 from mlflow.entities import Metric, Param, Run
@@ -95,14 +97,49 @@ def retry_locked(call: Callable[[], T]) -> T:
         delay = min(delay * 2, 2.0)
 
 
+# MLflow 3's UI shows an experiment without this tag in its GenAI layout (runs under "Evaluation
+# runs"); this value selects the model-training one (runs, charts, compare). A user's own choice stays.
+EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
+
+
+def ui_base(tracking_uri: str) -> str:
+    """Where the MLflow UI for this store is: the tracking server itself, or what `mlflow ui`
+    serves by default for a local store."""
+    return tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+
+
+_TRAINING_VIEW = "workflowType=machine_learning"  # MLflow 3 opens its GenAI view otherwise
+
+
+def experiment_link(tracking_uri: str, experiment_id: str) -> str:
+    """The experiment's runs in the UI's model-training view."""
+    return f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}?{_TRAINING_VIEW}"
+
+
+def run_link(tracking_uri: str, experiment_id: str, run_id: str) -> str:
+    """The run's page in the UI's model-training view."""
+    return f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs/{run_id}?{_TRAINING_VIEW}"
+
+
+def compare_link(tracking_uri: str, experiment_id: str, run_ids: Sequence[str]) -> str:
+    """The UI's Compare view of these runs: their params side by side, metric charts."""
+    as_json = lambda values: json.dumps(list(values), separators=(",", ":"))  # noqa: E731
+    query = urlencode({"runs": as_json(run_ids), "experiments": as_json([experiment_id])})
+    return f"{ui_base(tracking_uri)}/#/compare-runs?{query}&{_TRAINING_VIEW}"
+
+
 def start_run(client: MlflowClient, experiment: str, tags: dict[str, str]) -> str:
-    """Create a run in `experiment` (made if missing) and return its id."""
+    """Create a run in `experiment` (made if missing, in MLflow's model-training view) and return its id."""
     found = retry_locked(lambda: client.get_experiment_by_name(experiment))
     if found is not None:
         experiment_id = found.experiment_id
+        if EXPERIMENT_KIND_TAG not in found.tags:  # made by something else, or by an older aa-ray
+            retry_locked(lambda: client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING))
     else:
         try:
-            experiment_id = retry_locked(lambda: client.create_experiment(experiment))
+            experiment_id = retry_locked(
+                lambda: client.create_experiment(experiment, tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
+            )
         except MlflowException:
             # another trial may have created it first; if not, the store refused the write
             found = retry_locked(lambda: client.get_experiment_by_name(experiment))
@@ -182,6 +219,12 @@ class MlflowTracker:
     @property
     def uri(self) -> str:
         return str(self.client.tracking_uri)
+
+    @property
+    def url(self) -> str:
+        """The run's page in the MLflow UI."""
+        experiment_id = retry_locked(lambda: self.client.get_run(self.run_id)).info.experiment_id
+        return run_link(self.uri, experiment_id, self.run_id)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         now_ms = int(time.time() * 1000)

@@ -13,10 +13,12 @@ from mlflow.tracking import MlflowClient
 from aa_ray.spec.loader import SpecError, set_values
 from aa_ray.tracking.mlflow_tracker import (
     PARENT_TAG,
+    compare_link,
     log_in_batches,
     opening_store,
     resolved_tracking_uri,
     retry_locked,
+    run_link,
     search_all_runs,
     start_run,
 )
@@ -86,6 +88,11 @@ class ParentRun:
             "run_name": run_name, "tags": {**self.tags, **tags},
         }
 
+    @property
+    def url(self) -> str:
+        """The parent's page in the MLflow UI: its children listed under it."""
+        return run_link(self.uri, self.experiment_id, self.run_id)
+
     def children(self) -> list[Any]:
         return search_all_runs(self.client, [self.experiment_id], f"tags.`{PARENT_TAG}` = '{self.run_id}'")
 
@@ -125,11 +132,15 @@ class ParentRun:
         retry_locked(lambda: self.client.set_terminated(self.run_id, status=status))
 
 
-def end_invocation(parent: ParentRun | None, status: str, started_ray: bool) -> None:
-    """What every sweep, suite and pipeline invocation does last: end its parent run, and the
-    embedded Ray it started (a cluster it joined is left running)."""
+def end_invocation(parent: ParentRun | None, status: str, started_ray: bool, report: Any = print) -> None:
+    """What every sweep, suite and pipeline invocation does last: end its parent run (and show
+    where the MLflow UI compares its children), and the embedded Ray it started (a cluster it
+    joined is left running)."""
     if parent is not None:
         parent.finish(status)
+        children = [child.info.run_id for child in parent.children() if child.info.status == "FINISHED"]
+        if len(children) > 1:
+            report(f"compare in the MLflow UI: {compare_link(parent.uri, parent.experiment_id, children)}")
     if started_ray:
         import ray
 

@@ -118,7 +118,7 @@ def run_pipeline(pipeline: Pipeline, force: bool = False, track: bool = True, re
         parent = ParentRun(first_spec.tracking.experiment, "pipeline", name, run_name=f"pipeline:{name}")
         parent.log(params={"stages": " -> ".join(pipeline.order), "force": force})
         parent.log_artifact(pipeline.path)
-        report(f"mlflow parent run: {parent.run_id} (experiment {first_spec.tracking.experiment!r})")
+        report(f"mlflow parent run: {parent.run_id} (experiment {first_spec.tracking.experiment!r}): {parent.url}")
 
     started_ray, storage = False, None
     status = "FAILED"
@@ -156,7 +156,7 @@ def run_pipeline(pipeline: Pipeline, force: bool = False, track: bool = True, re
         status = "FINISHED"
         return {"stages": stages, "root": str(root), "parent_run_id": parent.run_id if parent else None}
     finally:
-        end_invocation(parent, status, started_ray)
+        end_invocation(parent, status, started_ray, report)
 
 
 def _largest_stage_cpus(pipeline: Pipeline) -> float:

@@ -109,7 +109,7 @@ def open_parent(suite: Suite, root: Path, spec: ExperimentSpec, fresh: bool = Fa
     if suite.references_path() is not None:  # reports read the published returns from here
         parent.log_artifact(suite.references_path())
         parent.log(tags={REFERENCES_TAG: suite.references_path().name})
-    report(f"mlflow parent run: {parent.run_id} (experiment {spec.tracking.experiment!r})")
+    report(f"mlflow parent run: {parent.run_id} (experiment {spec.tracking.experiment!r}): {parent.url}")
     return parent
 
 
@@ -173,7 +173,7 @@ def run_suite(suite: Suite, force: bool = False, track: bool = True, report: Any
             parent.log_artifact(table)
         return {"cells": rows, "root": str(root), "parent_run_id": parent.run_id if parent else None}
     finally:
-        end_invocation(parent, status, started_ray)
+        end_invocation(parent, status, started_ray, report)
 
 
 def _trial_config(plan: CellPlan, parent: ParentRun | None, children: list[Any], force: bool,

@@ -53,7 +53,7 @@ def run_sweep(sweep: Sweep, track: bool = True, report: Any = print) -> dict[str
         parent.log(params={"search_space": json.dumps(spec.model_dump(mode="json")["search_space"]),
                            "metric": spec.metric, "mode": spec.mode, "base": spec.base})
         parent.log_artifact(sweep.path)
-        report(f"mlflow parent run: {parent.run_id} (experiment {base_spec.tracking.experiment!r})")
+        report(f"mlflow parent run: {parent.run_id} (experiment {base_spec.tracking.experiment!r}): {parent.url}")
 
     # the embedded Ray holds max_concurrent_trials of the largest trial (a running cluster is used as is)
     sizes = [trial_bundles(sweep.trial_spec(params)) for params in _probe_params(sweep)]
@@ -101,7 +101,7 @@ def run_sweep(sweep: Sweep, track: bool = True, report: Any = print) -> dict[str
                 parent.log(metrics={f"best/{spec.metric}": best["metric"]}, tags=best_tags)
         return {"trials": trials, "best": best, "root": str(root), "parent_run_id": parent.run_id if parent else None}
     finally:
-        end_invocation(parent, status, started_ray)
+        end_invocation(parent, status, started_ray, report)
 
 
 def _probe_params(sweep: Sweep) -> list[dict[str, Any]]:
