@@ -32,6 +32,18 @@ LEARNER_COMPILED = "learner/compiled"  # 1 while the update runs compiled (learn
 LEARNER_LARGEST_VALUE = "learner/largest_value"  # largest |Q| (or |V|) of the last update
 LEARNER_Q_EXPLODING = "learner/q_exploding"
 
+# where the time goes (runtime/phases.py): each phase's seconds in an iteration, logged as time/<phase>_s
+PHASE_COLLECT = "collect"  # env runners stepping their envs (the slowest runner)
+PHASE_REPLAY_SAMPLE = "replay_sample"  # the replay actor drawing the learners' batches
+PHASE_TRANSFER = "transfer"  # from the replay's sample to the learner starting on it (transfer and queueing)
+PHASE_LEARNER_UPDATE = "learner_update"
+PHASE_PUBLISH = "publish"  # env runners loading new policy weights
+PHASE_EVAL = "eval"
+PHASE_CHECKPOINT = "checkpoint"
+PHASE_TRACKING = "tracking"  # logging to MLflow
+PHASES = (PHASE_COLLECT, PHASE_REPLAY_SAMPLE, PHASE_TRANSFER, PHASE_LEARNER_UPDATE, PHASE_PUBLISH, PHASE_EVAL,
+          PHASE_CHECKPOINT, PHASE_TRACKING)
+
 # runtime (async mode and fault recovery)
 RUNTIME_POLICY_LAG_MEAN = "runtime/policy_lag_mean"
 RUNTIME_POLICY_LAG_MAX = "runtime/policy_lag_max"

@@ -157,6 +157,35 @@ def test_eval_video_is_logged_to_mlflow() -> None:
         assert gif.format == "GIF" and gif.n_frames == 8 and gif.size == (480, 480)
 
 
+def test_phase_timings_are_logged_and_the_trace_opens_as_chrome_trace_json() -> None:
+    """Every phase of a tracked Ray run has its time/<phase>_s metric in MLflow, and runtime.trace
+    writes one Chrome-trace JSON artifact holding the driver's phases and Ray's actor calls."""
+    from mlflow.tracking import MlflowClient
+
+    from aa_ray import metric_names as m
+
+    spec = load_spec(ROOT / "specs" / "sac.yaml", [
+        "runtime.trace=true", "budget.env_steps=900", "algo.warm_up_steps=300", "eval.every_env_steps=300",
+        "eval.episodes=2", "checkpoint.every_env_steps=400", "algo.actor_hidden_dims=[32,32]",
+        "algo.critic_hidden_dims=[32,32]", "checkpoint.save_replay=false",
+    ])
+    result = Trainer(spec, live=False).run()
+    client = MlflowClient()
+    logged = client.get_run(result["mlflow_run_id"]).data.metrics
+    missing = [phase for phase in m.PHASES if f"time/{phase}_s" not in logged]
+    assert not missing, f"no time/*_s metric for {missing}"
+    updates = client.get_metric_history(result["mlflow_run_id"], f"time/{m.PHASE_LEARNER_UPDATE}_s")
+    assert len(updates) > 10 and all(point.value > 0 for point in updates)
+
+    assert "trace.json" in {a.path for a in client.list_artifacts(result["mlflow_run_id"])}
+    events = json.loads((Path(result["run_dir"]) / "trace.json").read_text())["traceEvents"]
+    assert all({"name", "ph", "ts", "pid"} <= event.keys() for event in events if event.get("ph") == "X")
+    driver = {event["name"] for event in events if event.get("cat") == "driver"}
+    assert {m.PHASE_EVAL, m.PHASE_CHECKPOINT, m.PHASE_TRACKING} <= driver
+    actor_calls = {event["name"] for event in events}
+    assert {"sample", "update", "sample_for_learners", "set_weights", "add"} <= actor_calls, actor_calls
+
+
 def test_without_a_gl_backend_videos_are_skipped_with_a_warning(tmp_path: Path) -> None:
     """No MUJOCO_GL and no display: rendering fails, the run says why once and trains on."""
     env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "DISPLAY")}

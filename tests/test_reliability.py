@@ -30,7 +30,7 @@ SMALL = [
     "algo.critic_hidden_dims=[32,32]", "algo.batch_size=64", "algo.warm_up_steps=200", "algo.train_every=5",
     "algo.n_step=3", "runners.num_runners=2", "runners.envs_per_runner=2", "eval.episodes=2",
 ]
-TIMING = ("per_s", "time_s")  # wall-clock metrics differ between any two runs
+TIMING = ("per_s", "time_s", "time/")  # wall-clock metrics differ between any two runs
 
 
 def aa_ray_command(*args: str) -> list[str]:

@@ -125,6 +125,7 @@ class EnvRunner:
         self.eval_envs: gym.vector.VectorEnv | None = None
         self.recorder: EpisodeRecorder | None = None  # rollout() state, made on first use
         self.metrics = RunMetrics(run_tag(spec), runner=index)
+        self.weights_s = 0.0  # loading policy weights since the last chunk (the publish phase)
 
     def close(self) -> None:
         """Close the envs (an actor's process ending does it too; in-process users call this)."""
@@ -134,8 +135,10 @@ class EnvRunner:
 
     def set_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         if version != self.policy_version:
+            start = time.perf_counter()
             self.policy.load_state_dict(state)
             self.policy_version = version
+            self.weights_s += time.perf_counter() - start
 
     def to_env_action(self, action: np.ndarray) -> np.ndarray:
         """Map policy actions in [-1, 1] onto the env's bounds (replay keeps the [-1, 1] ones)."""
@@ -183,7 +186,7 @@ class EnvRunner:
                 "return": return_moments(returns[valid]),
             },
         }
-        self._record(stats["env_steps"], start)
+        self._record(stats, start)
         return transitions, stats
 
     def sample_rollout(self, num_steps: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -227,12 +230,15 @@ class EnvRunner:
             "policy_version": self.policy_version,
             "norm_stats": {"obs": (len(flat), flat.mean(0), flat.var(0)), "return": return_moments(returns.ravel())},
         }
-        self._record(stats["env_steps"], start)
+        self._record(stats, start)
         return rollout, stats
 
-    def _record(self, env_steps: int, start: float) -> None:
-        self.metrics.inc("aa_ray_env_steps", env_steps)
-        self.metrics.set("aa_ray_env_steps_per_s", env_steps / max(time.perf_counter() - start, 1e-9))
+    def _record(self, stats: dict[str, Any], start: float) -> None:
+        """The chunk's timings (runtime/phases.py) into its stats, and the Ray metrics."""
+        stats["collect_s"], stats["weights_s"] = time.perf_counter() - start, self.weights_s
+        self.weights_s = 0.0
+        self.metrics.inc("aa_ray_env_steps", stats["env_steps"])
+        self.metrics.set("aa_ray_env_steps_per_s", stats["env_steps"] / max(stats["collect_s"], 1e-9))
 
     def _transitions(self, buf: dict[str, np.ndarray], valid: np.ndarray) -> dict[str, np.ndarray]:
         """Stored transitions: every real step (1-step), or the n-step windows completed so far."""

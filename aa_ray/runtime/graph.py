@@ -218,12 +218,10 @@ class ActorGraph:
         """Queue one learner iteration on every learner: a global stack of `update_batches` batches
         from the replay actor, one shard per learner, and the normalizer moments to merge."""
         num_batches, batch_size, num_learners = update_batches(self.spec), self.spec.algo.batch_size, len(self.learners)
-        if num_learners == 1:
-            shards = [self.replay.sample.remote(num_batches, batch_size)]
-        else:
-            shards = self.replay.sample_shards.options(num_returns=num_learners).remote(
-                num_batches, batch_size, num_learners
-            )
+        shards = self.replay.sample_for_learners.options(num_returns=num_learners).remote(
+            num_batches, batch_size, num_learners
+        )
+        shards = [shards] if num_learners == 1 else shards
         pairs = zip(self.learners, shards, strict=True)
         updates = [learner.update.remote(shard, self.pending_stats) for learner, shard in pairs]
         self.pending_stats = []

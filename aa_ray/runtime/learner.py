@@ -145,7 +145,8 @@ class Learner:
         return self._eager_if_compiling_fails(lambda: self._update(samples, norm_stats))
 
     def _update(self, samples: dict[str, Any], norm_stats: list[dict]) -> dict[str, float]:
-        start = time.perf_counter()
+        start, received = time.perf_counter(), time.time()
+        timing = {key: float(samples.pop(key)) for key in ("sample_s", "sampled_at") if key in samples}
         rows = len(samples["reward"])
         utd = self.spec.algo.utd_ratio
         if rows % utd:
@@ -160,6 +161,9 @@ class Learner:
         self.critic_updates += rows
         info = self._finish(diagnostics, rows, start)
         info[m.LEARNER_CRITIC_UPDATES] = float(self.critic_updates)
+        if timing:  # from the replay actor (runtime/phases.py)
+            info[f"time/{m.PHASE_REPLAY_SAMPLE}_s"] = timing["sample_s"]
+            info[f"time/{m.PHASE_TRANSFER}_s"] = max(received - timing["sampled_at"], 0.0)
         return info
 
     def update_rollouts(self, norm_stats: list[dict], *rollouts: dict[str, Any]) -> dict[str, float]:

@@ -71,7 +71,7 @@ class ProgressDisplay:
         grid = Table.grid(padding=(0, 2))
         grid.add_row(self.bar)
         stats = Table(show_header=True, header_style="bold", box=None)
-        for column in ("throughput", "replay", "last eval", "losses"):
+        for column in ("throughput", "replay", "last eval", "losses", "time per iteration"):
             stats.add_column(column)
         fmt = lambda k, spec=".4g": f"{s[k]:{spec}}" if k in s else "-"  # noqa: E731
         stats.add_row(
@@ -79,6 +79,7 @@ class ProgressDisplay:
             f"size {fmt(m.REPLAY_SIZE, ',.0f')}\nfill {fmt(m.REPLAY_FILL, '.0%')}",
             f"return {fmt(m.EVAL_RETURN)}\ndistance {fmt(m.EVAL_DISTANCE)}\nat step {fmt(m.EVAL_AT_ENV_STEPS, ',.0f')}",
             "\n".join(f"{k} {fmt(k)}" for k in _SHOWN_LOSSES),
+            "\n".join(f"{phase} {s[f'time/{phase}_s'] * 1e3:.1f} ms" for phase in m.PHASES if f"time/{phase}_s" in s),
         )
         grid.add_row(stats)
         return grid

@@ -3,6 +3,7 @@ optional prior buffer of dataset transitions for RLPD."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,15 @@ class ReplayBuffer:
         learner fetches only its rows. Each shard keeps the `[prior | online]` layout at the ratio."""
         shard_size = batch_size // num_shards
         return tuple(self.sample(num_batches, shard_size) for _ in range(num_shards))
+
+    def sample_for_learners(self, num_batches: int, batch_size: int, num_shards: int) -> dict | tuple[dict, ...]:
+        """What the learners train on: `sample_shards` (one dict for one learner), each shard also
+        saying how long sampling took and when it was done, for the learners' time/* phases."""
+        start = time.perf_counter()
+        shards = self.sample_shards(num_batches, batch_size, num_shards)
+        timing = {"sample_s": (time.perf_counter() - start) / num_shards, "sampled_at": time.time()}
+        shards = tuple({**shard, **timing} for shard in shards)
+        return shards[0] if num_shards == 1 else shards
 
     def _draw(self, num_batches: int, batch_size: int, rng: np.random.Generator | None = None) -> dict:
         if self.size == 0 and batch_size > 0:

@@ -59,6 +59,7 @@ from aa_ray.runtime.health import HealthChecks
 from aa_ray.runtime.learner import planned_fleet_steps
 from aa_ray.runtime.loops import Iteration, make_loop
 from aa_ray.runtime.metrics import RunMetrics, run_tag
+from aa_ray.runtime.phases import Phases
 from aa_ray.runtime.progress import ProgressDisplay
 from aa_ray.runtime.remote import ActorLost, LearnerFailed, TrainingError
 from aa_ray.runtime.run_files import EVENTS_FILE, write_event, write_video
@@ -107,6 +108,7 @@ class Trainer:
         self.graph_restarts = 0  # the actor graph rebuilt after a learner or the replay actor died
         self.metrics = RunMetrics(run_tag(spec))  # Ray metrics from the driver (Grafana)
         self.video_unavailable = False  # set once rendering failed (eval.video)
+        self.phases = Phases(trace=spec.runtime.trace)  # where the time goes (time/* metrics, trace.json)
 
     # what tests and tools watch while a run goes on
     @property
@@ -175,6 +177,7 @@ class Trainer:
         self._report_runner_restarts()
         self.counters.count(it)
         self.window.count(it)
+        self.phases.count(it.chunks, it.learner_metrics)
         metrics = {**(it.learner_metrics or {}), **it.loop_metrics}
         if it.learner_metrics is not None and (q_exploding := self.health.check(metrics, self._resume_hint())):
             self._event("q_exploding", **q_exploding)
@@ -183,7 +186,7 @@ class Trainer:
         due = self.cadence.due(env_steps)
         evaluation = self._evaluate() if due.evaluate else None
         outcome = self.cadence.outcome(env_steps, due, evaluation)
-        metrics |= evaluation or {}
+        metrics |= (evaluation or {}) | self.phases.take()
         self._log(metrics, env_steps)
         self.progress.update(env_steps, metrics)
         self.last_metrics = metrics
@@ -210,7 +213,8 @@ class Trainer:
         return metrics
 
     def _evaluate(self) -> dict[str, float]:
-        evaluation = self.graph.evaluate(self.spec.eval.episodes)
+        with self.phases.timed(m.PHASE_EVAL):
+            evaluation = self.graph.evaluate(self.spec.eval.episodes)
         self._report_runner_restarts()  # the evaluating runner died: its replacement evaluated
         if self.spec.eval.video and not self.video_unavailable:
             self._record_video()
@@ -292,6 +296,8 @@ class Trainer:
         self.tracker.log_artifact(self.run_dir / SPEC_FILE, "spec")
 
     def _close(self, status: str, started_ray: bool) -> None:
+        if self.spec.runtime.trace:  # also of a failed run: where it spent its time until then
+            self._write_trace()
         if self.tracker is not None:
             if (self.run_dir / EVENTS_FILE).is_file():
                 self.tracker.log_artifact(self.run_dir / EVENTS_FILE)
@@ -303,10 +309,26 @@ class Trainer:
 
             ray.shutdown()
 
+    def _write_trace(self) -> None:
+        ray_events = []
+        if self.spec.runtime.backend == "ray":
+            import ray
+
+            ray_events = ray.timeline()  # every actor call of this Ray session, Chrome-trace events
+        path = self.phases.write_trace(self.run_dir, ray_events)
+        if self.progress is not None:
+            self.progress.message(f"trace: {path} (open it in https://ui.perfetto.dev)")
+        if self.tracker is not None:
+            self.tracker.log_artifact(path)
+
     # ---- checkpoints -----------------------------------------------------------------------------
     def save_checkpoint(self, name: str) -> Path:
         """Everything a bit-exact resume needs (sync mode): learner, replay, runners and the driver's
         own pending state, written atomically (see `checkpoint.save_checkpoint`)."""
+        with self.phases.timed(m.PHASE_CHECKPOINT):
+            return self._save_checkpoint(name)
+
+    def _save_checkpoint(self, name: str) -> Path:
         c, w = self.counters, self.window
         actors = self.graph.snapshot(with_replay_table=self.spec.checkpoint.save_replay)
         state = {
@@ -390,4 +412,5 @@ class Trainer:
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
         if self.tracker is not None:
-            self.tracker.log_metrics(metrics, step)
+            with self.phases.timed(m.PHASE_TRACKING):
+                self.tracker.log_metrics(metrics, step)

@@ -157,6 +157,11 @@ class RuntimeSpec(SpecModel):
         1e5, description="warn (learner/q_exploding) when the critic's largest value exceeds this"
     )
     replay_cpus: PositiveFloat = Field(0.5, description="CPUs reserved for the replay actor")
+    trace: bool = Field(
+        False,
+        description="write trace.json (the driver's phases and Ray's timeline of every actor call, Chrome-trace "
+        "format: open it in ui.perfetto.dev) into the run folder and log it to MLflow",
+    )
     output_dir: str = Field("runs", min_length=1, description="where run folders and checkpoints go")
     resource_timeout_s: PositiveFloat = Field(
         60.0, description="fail if the cluster cannot place the actors within this time"

@@ -108,9 +108,20 @@ def spec_to_dict(spec: ExperimentSpec) -> dict[str, Any]:
     return spec.model_dump(mode="json")
 
 
+# Knobs added after specs were first hashed, with their defaults: a spec that leaves one at its
+# default hashes as before the knob existed, so finished suite cells, reusable pipeline stages and
+# run names stay valid across the upgrade.
+HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], Any] = {("runtime", "trace"): False}
+
+
 def spec_hash(spec: ExperimentSpec) -> str:
-    """A stable content hash of the resolved spec (defaults included, key order irrelevant)."""
-    canonical = json.dumps(spec_to_dict(spec), sort_keys=True, separators=(",", ":"))
+    """A stable content hash of the resolved spec (defaults included, key order irrelevant; see
+    HASH_NEUTRAL_DEFAULTS)."""
+    tree = spec_to_dict(spec)
+    for (section, key), default in HASH_NEUTRAL_DEFAULTS.items():
+        if isinstance(tree.get(section), dict) and tree[section].get(key, default) == default:
+            tree[section].pop(key, None)
+    canonical = json.dumps(tree, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
