@@ -36,6 +36,11 @@ class OffPolicyKnobs(SpecModel):
     max_grad_norm: PositiveFloat | None = Field(None, description="clip gradients to this global norm")
     precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="autocast dtype (losses in fp32)")
     optimizer: Literal["adam", "muon"] = Field("adam", description="muon: Muon for hidden matrices, AdamW else")
+    sym_aug: bool = Field(
+        False,
+        description="symmetry augmentation: every batch doubled with its mirror image (obs, action, next_obs "
+        "mirrored, aa_ray/envs/symmetry.py) for the critic and actor updates; the env must have a mirror",
+    )
 
     @model_validator(mode="after")
     def _muon_available(self) -> OffPolicyKnobs:

@@ -31,6 +31,7 @@ from aa_ray.algos import build_algorithm
 from aa_ray.algos.common import Batch
 from aa_ray.algos.contract import Algorithm, diagnostics_to_floats
 from aa_ray.algos.ppo import Rollout
+from aa_ray.envs.symmetry import augment, sym_aug_mirror
 from aa_ray.runtime.metrics import RunMetrics, run_tag
 from aa_ray.spec.experiment import ExperimentSpec
 
@@ -79,6 +80,7 @@ class Learner:
         self.compiled = compiles(spec, self.device)
         self.compile_checked = not self.compiled  # the first compiled update is guarded (`_eager_if_compiling_fails`)
         self.feed = DeviceFeed(self.device)
+        self.mirror = sym_aug_mirror(spec, obs_dim, act_dim)
         self.weights_version = 0
         self.critic_updates = 0
         self.algo: Algorithm | None = None  # built once this learner is in its process group
@@ -147,6 +149,8 @@ class Learner:
     def _update(self, samples: dict[str, Any], norm_stats: list[dict]) -> dict[str, float]:
         start, received = time.perf_counter(), time.time()
         timing = {key: float(samples.pop(key)) for key in ("sample_s", "sampled_at") if key in samples}
+        if self.mirror is not None:  # algo.sym_aug: the learner alone sees mirrored data
+            samples = augment(samples, self.mirror)
         rows = len(samples["reward"])
         utd = self.spec.algo.utd_ratio
         if rows % utd:

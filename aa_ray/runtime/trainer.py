@@ -42,6 +42,7 @@ from aa_ray import metric_names as m
 from aa_ray.algos import build_algorithm
 from aa_ray.data.dataset import DatasetError, read_dataset
 from aa_ray.envs import env_dims
+from aa_ray.envs.symmetry import sym_aug_mirror
 from aa_ray.runtime import cluster
 from aa_ray.runtime.cadence import BUDGET, STOPPED_BY_CALLBACK, Cadence
 from aa_ray.runtime.checkpoint import (
@@ -130,6 +131,7 @@ class Trainer:
     # ---- the run -------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         obs_dim, act_dim = env_dims(self.spec)  # a spec whose env cannot be made stops here
+        sym_aug_mirror(self.spec, obs_dim, act_dim)  # so does a mirror that does not fit the env's kwargs
         prior_path = self.check_prior_data(obs_dim, act_dim)  # so does a dataset that does not fit it
         replay_table = self._check_resume(obs_dim, act_dim) if self.resume is not None else None
         # inline actors live in this process: no Ray to start or join

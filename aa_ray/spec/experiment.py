@@ -201,6 +201,13 @@ class ExperimentSpec(SpecModel):
                 f"{self.learners.num_learners}: several learners train as separate processes in one torch process "
                 "group; set learners.num_learners: 1 to run inline, or runtime.backend: ray for several learners"
             )
+        from aa_ray.envs.symmetry import MIRRORS, mirror_for  # here: aa_ray.envs imports the spec loader
+
+        if getattr(self.algo, "sym_aug", False) and mirror_for(self.env.id) is None:
+            raise ValueError(
+                f"algo.sym_aug needs mirror transforms for env {self.env.id!r}, and it has none (envs with them: "
+                f"{', '.join(MIRRORS)}); register a Mirror for it in aa_ray/envs/symmetry.py or set algo.sym_aug: false"
+            )
         if self.on_policy:
             return self._consistent_on_policy()
         if self.algo.warm_up_steps >= self.budget.env_steps:

@@ -1,0 +1,148 @@
+"""Mirror symmetries of envs, for symmetry augmentation (`algo.sym_aug`).
+
+A `Mirror` maps an observation and an action of an env to those of its mirror image: feature `i`
+of the mirrored vector is `sign[i] * x[perm[i]]`, which covers reflections (a sign) and swapped
+left/right parts (a permutation). Every mirror is an involution (mirroring twice is the identity),
+and the env's dynamics commute with it: the mirror of a state, driven by mirrored actions, stays the
+mirror of the original (tests check both, Ant's in MuJoCo itself).
+
+Registered here, per env id:
+- pusher-reach: the planar arm mirrored across its base's x axis (y -> -y): joint angles and
+  velocities and torques change sign, target and fingertip offsets flip their y.
+- Ant-v5 (default observation: no x/y, contact forces included): mirrored left-right (y -> -y):
+  the left front leg swaps with the right front leg (hip_1 <-> hip_4 in MuJoCo's names) and the
+  left back leg with the right back leg (hip_2 <-> hip_3); hips turn the other way (angles negated),
+  ankles keep their sign (their axes mirror onto each other's); the torso's quaternion (w, x, y, z)
+  becomes (w, -x, y, -z), its linear velocity (vx, -vy, vz), its angular velocity (-wx, wy, -wz);
+  each body's contact wrench (torque, force) becomes (-tx, ty, -tz, fx, -fy, fz), bodies swapped
+  as their legs are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+
+from aa_ray.spec.loader import SpecError
+
+Array = TypeVar("Array")  # numpy arrays or torch tensors: indexing and a multiply work on both
+
+
+@dataclass(frozen=True)
+class Mirror:
+    obs_perm: tuple[int, ...]
+    obs_sign: tuple[float, ...]
+    act_perm: tuple[int, ...]
+    act_sign: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        for name, perm, sign in (("obs", self.obs_perm, self.obs_sign), ("act", self.act_perm, self.act_sign)):
+            if sorted(perm) != list(range(len(perm))) or len(sign) != len(perm):
+                raise ValueError(f"{name}_perm must be a permutation of 0..{len(perm) - 1} with one sign each")
+
+    @property
+    def obs_dim(self) -> int:
+        return len(self.obs_perm)
+
+    @property
+    def act_dim(self) -> int:
+        return len(self.act_perm)
+
+    def obs(self, x: Array) -> Array:
+        """Mirror observations along the last axis."""
+        return _apply(x, self.obs_perm, self.obs_sign)
+
+    def action(self, a: Array) -> Array:
+        return _apply(a, self.act_perm, self.act_sign)
+
+
+def _apply(x: Array, perm: tuple[int, ...], sign: tuple[float, ...]) -> Array:
+    if isinstance(x, np.ndarray):
+        return x[..., list(perm)] * np.asarray(sign, dtype=x.dtype)
+    import torch
+
+    index = torch.as_tensor(perm, device=x.device)
+    return x.index_select(-1, index) * torch.as_tensor(sign, dtype=x.dtype, device=x.device)
+
+
+def _from_pairs(dim: int, swaps: list[tuple[int, int, float]], signs: dict[int, float]) -> tuple[tuple, tuple]:
+    """perm/sign of a mirror: `swaps` (i, j, sign) exchange features i and j with that sign; `signs`
+    negates features in place; every other feature stays."""
+    perm, sign = list(range(dim)), [1.0] * dim
+    for i, j, s in swaps:
+        perm[i], perm[j], sign[i], sign[j] = j, i, s, s
+    for i, s in signs.items():
+        sign[i] = s
+    return tuple(perm), tuple(sign)
+
+
+def _pusher_reach() -> Mirror:
+    # [cos q (2), sin q (2), qvel (2), target xy (2), tip - target xy (2)]; actions: two joint torques
+    obs_perm, obs_sign = _from_pairs(10, [], {2: -1.0, 3: -1.0, 4: -1.0, 5: -1.0, 7: -1.0, 9: -1.0})
+    return Mirror(obs_perm, obs_sign, (0, 1), (-1.0, -1.0))
+
+
+# Ant-v5's joints in qpos order, and which joint each actuator drives (MuJoCo's ant.xml)
+_ANT_JOINTS = ("hip_1", "ankle_1", "hip_2", "ankle_2", "hip_3", "ankle_3", "hip_4", "ankle_4")
+_ANT_ACTUATORS = ("hip_4", "ankle_4", "hip_1", "ankle_1", "hip_2", "ankle_2", "hip_3", "ankle_3")
+_ANT_LEGS = {"1": "4", "4": "1", "2": "3", "3": "2"}  # left <-> right (y -> -y)
+# the 13 bodies whose contact wrenches the observation holds, by index into cfrc_ext[1:]:
+# torso, then each leg's 3 bodies (leg, aux, foot) for legs 1..4
+_ANT_BODY_MIRROR = {0: 0, **{1 + 3 * leg + part: 1 + 3 * (3 - leg) + part for leg in range(4) for part in range(3)}}
+
+
+def _ant() -> Mirror:
+    def joint_mirror(names: tuple[str, ...], offset: int) -> list[tuple[int, int, float]]:
+        out = []
+        for i, name in enumerate(names):
+            kind, leg = name.split("_")
+            j = names.index(f"{kind}_{_ANT_LEGS[leg]}")
+            if i < j:
+                out.append((offset + i, offset + j, -1.0 if kind == "hip" else 1.0))
+        return out
+
+    # obs: z, quat (w x y z), 8 joint angles | vx vy vz, wx wy wz, 8 joint velocities | 13 x (torque, force)
+    swaps = joint_mirror(_ANT_JOINTS, 5) + joint_mirror(_ANT_JOINTS, 19)
+    signs = {2: -1.0, 4: -1.0, 14: -1.0, 16: -1.0, 18: -1.0}  # quat x, z; vy; wx, wz
+    wrench_sign = (-1.0, 1.0, -1.0, 1.0, -1.0, 1.0)
+    perm, sign = _from_pairs(105, swaps, signs)
+    perm, sign = list(perm), list(sign)
+    for body, image in _ANT_BODY_MIRROR.items():
+        for k in range(6):
+            perm[27 + 6 * body + k] = 27 + 6 * image + k
+            sign[27 + 6 * body + k] = wrench_sign[k]
+    act_swaps = joint_mirror(_ANT_ACTUATORS, 0)
+    act_perm, act_sign = _from_pairs(8, act_swaps, {})
+    return Mirror(tuple(perm), tuple(sign), act_perm, act_sign)
+
+
+MIRRORS: dict[str, Mirror] = {"aa_ray/PusherReach-v0": _pusher_reach(), "Ant-v5": _ant()}
+
+
+def mirror_for(env_id: str) -> Mirror | None:
+    return MIRRORS.get(env_id)
+
+
+def sym_aug_mirror(spec: Any, obs_dim: int, act_dim: int) -> Mirror | None:
+    """The mirror a run augments with (None without `algo.sym_aug`); SpecError when the env's
+    observations or actions are not the shape its mirror was written for (other env kwargs)."""
+    if not getattr(spec.algo, "sym_aug", False):
+        return None
+    mirror = MIRRORS[spec.env.id]  # the spec's validation refused envs without one
+    if (mirror.obs_dim, mirror.act_dim) != (obs_dim, act_dim):
+        raise SpecError(
+            f"algo.sym_aug: the mirror of {spec.env.id} is for {mirror.obs_dim} observation and {mirror.act_dim} "
+            f"action features, but this env (env.kwargs {dict(spec.env.kwargs)}) has {obs_dim} and {act_dim}; "
+            "use the env's default observation or set algo.sym_aug: false"
+        )
+    return mirror
+
+
+def augment(samples: dict[str, np.ndarray], mirror: Mirror) -> dict[str, np.ndarray]:
+    """Replay batches (..., batch, features) doubled along the batch axis with their mirror images:
+    obs, action and next_obs mirrored, reward, done flags and discount as they were."""
+    mirrored = {"obs": mirror.obs, "next_obs": mirror.obs, "action": mirror.action}
+    return {name: np.concatenate([column, mirrored[name](column) if name in mirrored else column], axis=1)
+            for name, column in samples.items()}
