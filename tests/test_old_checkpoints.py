@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from aa_ray.runtime.checkpoint import FORMAT_VERSION, CheckpointError, load_checkpoint
+from aa_ray.runtime.checkpoint import FORMAT_VERSION, CheckpointError, check_compatible, load_checkpoint
+from aa_ray.spec.loader import load_spec, spec_to_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "format2"
@@ -40,6 +41,18 @@ def test_a_format2_sac_checkpoint_resumes_under_the_new_knob_names(tmp_path: Pat
     assert resumed["format_version"] == FORMAT_VERSION
     assert resumed["counters"]["env_steps"] >= 500  # it went on from the old checkpoint's 300 env steps
     assert resumed["spec"]["algo"]["critic_hidden_dims"] == [8]
+
+
+def test_a_format3_checkpoint_from_before_a_new_knob_resumes(tmp_path: Path) -> None:
+    """A checkpoint written before `algo.sym_aug` existed (its stored algo section lacks the knob)
+    still fits a spec that leaves the knob at its default, and is refused by one that sets it."""
+    spec = load_spec(ROOT / "specs" / "sac.yaml")
+    stored = spec_to_dict(spec)
+    del stored["algo"]["sym_aug"], stored["runtime"]["trace"]
+    torch.save({"format_version": FORMAT_VERSION, "spec": stored}, tmp_path / "state.pt")
+    check_compatible(spec, load_checkpoint(tmp_path))
+    with pytest.raises(CheckpointError, match="algo.sym_aug: checkpoint has False, spec has True"):
+        check_compatible(load_spec(ROOT / "specs" / "sac.yaml", ["algo.sym_aug=true"]), load_checkpoint(tmp_path))
 
 
 def test_a_format2_checkpoint_with_other_networks_is_refused_naming_the_knob(tmp_path: Path) -> None:

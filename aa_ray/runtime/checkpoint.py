@@ -88,22 +88,22 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"checkpoint file {state_file} has format version {payload['format_version']!r}, "
             f"this aa-ray reads versions {', '.join(map(str, READABLE_VERSIONS))}; use the aa-ray that wrote it."
         )
-    if payload["format_version"] < 3:
-        _rename_old_knobs(payload)
+    _todays_algo_section(payload)
     payload["folder"] = state_file.parent
     return payload
 
 
-def _rename_old_knobs(payload: dict[str, Any]) -> None:
-    """A checkpoint from before the knob redesign: its stored algo section in today's names, with
-    today's defaults for knobs that did not exist then (so it compares equal to a spec that means
-    the same run). A section that does not validate is left for the resume checks to name."""
+def _todays_algo_section(payload: dict[str, Any]) -> None:
+    """The stored algo section in today's knob names (a checkpoint from before the knob redesign,
+    format < 3), with today's defaults for knobs added since it was written (e.g. `sym_aug`), so it
+    compares equal to a spec that means the same run. A section that does not validate is left for
+    the resume checks to name."""
     stored = payload.get("spec")
     algo = stored.get("algo") if isinstance(stored, dict) else None
     if not isinstance(algo, dict) or algo.get("name") not in ALGORITHMS:
         return
     try:
-        renamed = migrate_old_knobs(algo)
+        renamed = migrate_old_knobs(algo) if payload["format_version"] < 3 else algo
     except (TypeError, ValueError, ZeroDivisionError):  # a damaged section: the resume checks name it
         return
     try:
