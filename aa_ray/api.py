@@ -31,7 +31,7 @@ import numpy as np
 
 from aa_ray import metric_names as m
 from aa_ray.spec.experiment import ExperimentSpec
-from aa_ray.spec.loader import SpecError, apply_overrides, read_yaml, set_values, spec_to_dict, validate_spec
+from aa_ray.spec.loader import SpecError, apply_overrides, read_yaml, set_values, validate_spec
 
 EXPORT_FORMATS = ("torchscript", "onnx")
 
@@ -67,8 +67,8 @@ class Experiment:
     def __init__(
         self, spec: str | Path | Mapping[str, Any] | ExperimentSpec, overrides: Mapping[str, Any] | Iterable[str] = ()
     ):
-        if isinstance(spec, ExperimentSpec | Mapping):
-            raw, source = (spec_to_dict(spec) if isinstance(spec, ExperimentSpec) else dict(spec)), "the spec"
+        if isinstance(spec, ExperimentSpec | Mapping):  # Python values: JSON would turn a NaN into null
+            raw, source = (spec.model_dump() if isinstance(spec, ExperimentSpec) else dict(spec)), "the spec"
         else:
             raw, source = read_yaml(spec), str(spec)
         if isinstance(overrides, Mapping):  # values as Python objects

@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from aa_ray import cli
 from aa_ray.api import Experiment, Report, load_policy
-from aa_ray.spec.loader import SpecError
+from aa_ray.spec.loader import SpecError, load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT / "specs"
@@ -128,6 +128,15 @@ def test_a_callback_sees_each_report_and_can_stop_the_run(tmp_path: Path) -> Non
     assert all("eval/return" in r.metrics for r in reports) and result.metrics == result.evals[-1]
     policy = load_policy(result.checkpoint)
     assert policy.predict(np.zeros(policy.obs_dim)).shape == (policy.act_dim,)
+
+
+def test_an_experiment_of_a_validated_spec_keeps_its_values() -> None:
+    """`aa-ray run` hands its validated spec to `Experiment`: a NaN in env.kwargs (the numerical-guard
+    test's Pendulum) must stay a NaN, not turn into null on the way."""
+    spec = load_spec(SPECS / "sac_pendulum.yaml", ["env.kwargs={g: .nan}", "algo.utd_ratio=2"])
+    kept = Experiment(spec).spec
+    assert np.isnan(kept.env.kwargs["g"]) and kept.algo == spec.algo
+    assert Experiment(spec, {"algo.utd_ratio": 3}).spec.algo.utd_ratio == 3
 
 
 def test_bad_input_gets_one_message_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
