@@ -4,6 +4,7 @@ starts."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -48,11 +49,12 @@ def kill_a_trial_once_two_trials_checkpointed(stop: threading.Event, killed: lis
         running = [d for d in trials if len([c for c in (d / "checkpoints").glob("step_*") if "." not in c.name]) >= 2
                    and not (d / "checkpoints" / "final").exists()]
         if len(running) >= 2:
-            for process in psutil.process_iter(["cmdline"]):
-                if (process.info["cmdline"] or [""])[0].startswith("ray::ImplicitFunc"):
-                    process.kill()
-                    killed.append(process.pid)
-                    return
+            for process in psutil.Process().children(recursive=True):  # this test's own Ray, no other
+                with contextlib.suppress(psutil.Error):
+                    if (process.cmdline() or [""])[0].startswith("ray::ImplicitFunc"):
+                        process.kill()
+                        killed.append(process.pid)
+                        return
         time.sleep(0.05)
 
 
