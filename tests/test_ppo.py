@@ -86,7 +86,7 @@ def test_runner_rollouts_are_complete_on_policy_data(rollout: tuple[dict, dict, 
     with torch.no_grad():
         policy = runner.policy
         obs = torch.as_tensor(data["obs"])
-        log_prob, _ = policy.actor(policy.obs_norm(obs), torch.as_tensor(data["action"]))
+        log_prob, _, _ = policy.actor(policy.obs_norm(obs), torch.as_tensor(data["action"]))
     np.testing.assert_allclose(log_prob.numpy(), data["log_prob"], rtol=1e-5, atol=1e-5)
     continuing = ~ended[:-1]
     np.testing.assert_allclose(data["next_value"][:-1][continuing], data["value"][1:][continuing], rtol=1e-5)

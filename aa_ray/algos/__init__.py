@@ -3,12 +3,15 @@ union, the learner and the env runners all read it."""
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import nn
 
 from aa_ray.algos import ppo, sac, sac_dist, sac_dist_simba, sac_simba, td3
+
+if TYPE_CHECKING:  # aa_ray.envs imports the spec loader, which imports the algorithms
+    from aa_ray.envs.symmetry import Mirror
 
 
 class Registered(NamedTuple):
@@ -30,8 +33,15 @@ ALGORITHMS: dict[str, Registered] = {
 }
 
 
-def build_algorithm(cfg: Any, obs_dim: int, act_dim: int, device: torch.device, planned_steps: int) -> Any:
-    return ALGORITHMS[cfg.name].algorithm(cfg, obs_dim, act_dim, device, planned_steps)
+def build_algorithm(
+    cfg: Any, obs_dim: int, act_dim: int, device: torch.device, planned_steps: int, mirror: Mirror | None = None
+) -> Any:
+    """`mirror`: the env's, with `algo.sym_aug`. An on-policy algorithm mirrors its own minibatches
+    (PPO adds a symmetry loss); off-policy ones get replay batches the learner has already doubled."""
+    registered = ALGORITHMS[cfg.name]
+    if registered.on_policy:
+        return registered.algorithm(cfg, obs_dim, act_dim, device, planned_steps, mirror)
+    return registered.algorithm(cfg, obs_dim, act_dim, device, planned_steps)
 
 
 def is_on_policy(cfg: Any) -> bool:

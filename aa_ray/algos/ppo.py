@@ -14,12 +14,17 @@ from a KL target as in rsl_rl. Deliberate choices:
   envs' share, and DDP averages the gradients;
 - the adaptive learning rate changes the actor's rate only, on the KL averaged over learners, so
   every learner keeps the same rate; it reads that KL on the host after every minibatch (the rule
-  needs the number), the one read inside the update besides the finite-gradient check.
+  needs the number), the one read inside the update besides the finite-gradient check;
+- symmetry augmentation (`sym_aug`, as in rsl_rl): each minibatch is doubled with its mirror image
+  (observations and actions mirrored before normalization; old log-probs, advantages and value
+  targets copied), and `actor/symmetry_loss` pulls the mean action of a mirrored observation toward
+  the mirror of the original's (a detached target). The KL and clip fractions are measured on the
+  original rows only: only there is the ratio an importance ratio of the acting policy.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
@@ -32,6 +37,9 @@ from aa_ray.algos.config import LearningRates
 from aa_ray.algos.contract import Health
 from aa_ray.algos.knobs import LinearLRSchedule, RewardNormalizer, count_skip_, fused_adam, step_if_
 from aa_ray.nets.actor_critic import GaussianActorCritic
+
+if TYPE_CHECKING:  # aa_ray.envs imports the spec loader, which imports the algorithms
+    from aa_ray.envs.symmetry import Mirror
 
 
 class PPOConfig(LearningRates):
@@ -57,6 +65,14 @@ class PPOConfig(LearningRates):
     critic_hidden_dims: list[PositiveInt] = Field([64, 64], min_length=1, description="critic tanh MLP widths")
     normalize_obs: bool = Field(True, description="running mean/std observation normalization")
     normalize_reward: bool = Field(True, description="scale rewards by the running std of the return")
+    sym_aug: bool = Field(
+        False,
+        description="symmetry augmentation: every minibatch doubled with its mirror image (aa_ray/envs/symmetry.py) "
+        "plus the symmetry loss; the env must have a mirror",
+    )
+    symmetry_coef: NonNegativeFloat = Field(
+        1.0, description="weight of actor/symmetry_loss with sym_aug (0: the mirrored minibatch alone, the loss logged)"
+    )
 
     @field_validator("clip_param")
     @classmethod
@@ -141,6 +157,12 @@ def adapt_lr(lr: Tensor, kl: Tensor, desired_kl: float, bounds: tuple[float, flo
     return torch.where(kl > 2.0 * desired_kl, shrunk, torch.where(kl < 0.5 * desired_kl, grown, lr))
 
 
+def symmetry_loss(mean: Tensor, mirrored_mean: Tensor, mirror: Mirror) -> Tensor:
+    """E[(mu(mirror(s)) - mirror(mu(s)))^2]: 0 when the policy acts mirrored on mirrored states; the
+    original's mirrored mean is the (detached) target."""
+    return (mirrored_mean - mirror.action(mean).detach()).pow(2).mean()
+
+
 def explained_variance(prediction: Tensor, target: Tensor) -> Tensor:
     """1 - Var(target - prediction) / Var(target): 1 is perfect, 0 is no better than the mean (nan
     for a constant target)."""
@@ -150,8 +172,14 @@ def explained_variance(prediction: Tensor, target: Tensor) -> Tensor:
 
 
 class PPO(Bookkeeping):
-    def __init__(self, cfg: PPOConfig, obs_dim: int, act_dim: int, device: torch.device, planned_steps: int = 0):
+    def __init__(
+        self, cfg: PPOConfig, obs_dim: int, act_dim: int, device: torch.device, planned_steps: int = 0,
+        mirror: Mirror | None = None,
+    ):
+        if cfg.sym_aug and mirror is None:
+            raise ValueError("algo.sym_aug: PPO needs the env's mirror (aa_ray.envs.symmetry.sym_aug_mirror)")
         self.cfg, self.device = cfg, device
+        self.mirror = mirror if cfg.sym_aug else None
         self.policy = make_policy(cfg, obs_dim, act_dim).to(device)
         self.reward_norm = RewardNormalizer(cfg.normalize_reward).to(device)
         # param_groups[0] is the actor (its lr adapts to the KL), [1] the critic
@@ -179,12 +207,16 @@ class PPO(Bookkeeping):
         normalized = (advantages - adv_mean) / adv_std.clamp_min(1e-7)
 
         # 2. epochs x minibatches over the flattened (time, env) rows
-        obs = self.policy.obs_norm(rollout.obs.flatten(0, 1))
-        rows = (obs, rollout.action.flatten(0, 1), rollout.log_prob.flatten(), normalized.flatten(), returns.flatten())
+        raw_obs, action = rollout.obs.flatten(0, 1), rollout.action.flatten(0, 1)
+        rows = [
+            self.policy.obs_norm(raw_obs), action, rollout.log_prob.flatten(), normalized.flatten(), returns.flatten()
+        ]
+        if self.mirror is not None:  # sym_aug: each row's mirror image (mirrored before normalizing)
+            rows += [self.policy.obs_norm(self.mirror.obs(raw_obs)), self.mirror.action(action)]
         totals: dict[str, Tensor] = {}
         self.largest_value = torch.zeros((), device=self.device)
         for _ in range(cfg.ppo_epochs):
-            for index in torch.randperm(len(obs), device=self.device).chunk(cfg.num_minibatches):
+            for index in torch.randperm(len(action), device=self.device).chunk(cfg.num_minibatches):
                 info = self.update_minibatch(*(column[index] for column in rows))
                 if cfg.desired_kl is not None:
                     group = self.optimizer.param_groups[0]
@@ -208,10 +240,15 @@ class PPO(Bookkeeping):
         }
 
     def update_minibatch(
-        self, obs: Tensor, action: Tensor, old_log_prob: Tensor, advantage: Tensor, value_target: Tensor
+        self, obs: Tensor, action: Tensor, old_log_prob: Tensor, advantage: Tensor, value_target: Tensor,
+        mirrored_obs: Tensor | None = None, mirrored_action: Tensor | None = None,
     ) -> dict[str, Tensor]:
         eps_low, eps_high = self.cfg.clip_range
-        log_prob, entropy = self.actor_ddp(obs, action)
+        rows = len(action)
+        if mirrored_obs is not None:  # sym_aug: [rows; their mirror images], which share log-probs and targets
+            obs, action = torch.cat([obs, mirrored_obs]), torch.cat([action, mirrored_action])
+            old_log_prob, advantage, value_target = (torch.cat([x, x]) for x in (old_log_prob, advantage, value_target))
+        log_prob, entropy, mean = self.actor_ddp(obs, action)
         log_ratio = log_prob - old_log_prob
         ratio = log_ratio.exp()
         if self.cfg.spo:
@@ -221,6 +258,11 @@ class PPO(Bookkeeping):
         value = self.critic_ddp(obs)
         value_loss = (value - value_target).pow(2).mean()
         loss = policy_loss - self.cfg.entropy_coef * entropy.mean() + self.cfg.value_coef * value_loss
+        extra: dict[str, Tensor] = {}
+        if self.mirror is not None:
+            mirror_gap = symmetry_loss(mean[:rows], mean[rows:], self.mirror)
+            loss = loss + self.cfg.symmetry_coef * mirror_gap
+            extra["actor/symmetry_loss"] = mirror_gap.detach()
 
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -232,9 +274,10 @@ class PPO(Bookkeeping):
         step_if_(self.optimizer, taken)
 
         with torch.no_grad():
+            ratio, log_ratio = ratio[:rows], log_ratio[:rows]  # the acting policy's rows (not their mirror images)
             approx_kl = ddp.global_mean(((ratio - 1.0) - log_ratio).mean())  # Schulman's k3 estimator, >= 0
             self.largest_value = torch.maximum(self.largest_value, value.abs().max())
-        return {
+        return extra | {
             "actor/policy_loss": policy_loss.detach(),
             m.ACTOR_ENTROPY: entropy.detach().mean(),
             "actor/approx_kl": approx_kl,

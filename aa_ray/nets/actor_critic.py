@@ -38,10 +38,11 @@ class GaussianActor(nn.Module):
         self.mean = tanh_mlp(obs_dim, hidden_dims, act_dim, out_gain=0.01)
         self.log_std = nn.Parameter(torch.full((act_dim,), init_log_std))
 
-    def forward(self, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
-        """log pi(action|obs) and the entropy, both summed over action dims (obs are normalized)."""
+    def forward(self, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """log pi(action|obs) and the entropy, both summed over action dims, and the mean action (obs
+        are normalized; the mean is for the symmetry loss, inside the same DDP forward)."""
         distribution = self.distribution(obs)
-        return distribution.log_prob(action).sum(-1), distribution.entropy().sum(-1)
+        return distribution.log_prob(action).sum(-1), distribution.entropy().sum(-1), distribution.mean
 
     def distribution(self, obs: Tensor) -> torch.distributions.Normal:
         mean = self.mean(obs)

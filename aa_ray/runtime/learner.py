@@ -122,7 +122,7 @@ class Learner:
         # the same seed on every rank: their sampling noise stays in lockstep
         torch.manual_seed(seeding.learner_seed(self.spec.seed))
         self.algo = build_algorithm(
-            self.spec.algo, self.obs_dim, self.act_dim, self.device, planned_fleet_steps(self.spec)
+            self.spec.algo, self.obs_dim, self.act_dim, self.device, planned_fleet_steps(self.spec), self.mirror
         )
         if self.compiled:
             # compiled sampling noise draws from torch's generator as eager does, so the two match
@@ -149,7 +149,7 @@ class Learner:
     def _update(self, samples: dict[str, Any], norm_stats: list[dict]) -> dict[str, float]:
         start, received = time.perf_counter(), time.time()
         timing = {key: float(samples.pop(key)) for key in ("sample_s", "sampled_at") if key in samples}
-        if self.mirror is not None:  # algo.sym_aug: the learner alone sees mirrored data
+        if self.mirror is not None:  # algo.sym_aug: the learner alone sees mirrored data (PPO mirrors its own)
             samples = augment(samples, self.mirror)
         rows = len(samples["reward"])
         utd = self.spec.algo.utd_ratio

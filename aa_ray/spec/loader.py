@@ -111,7 +111,9 @@ def spec_to_dict(spec: ExperimentSpec) -> dict[str, Any]:
 # Knobs added after specs were first hashed, with their defaults: a spec that leaves one at its
 # default hashes as before the knob existed, so finished suite cells, reusable pipeline stages and
 # run names stay valid across the upgrade.
-HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], Any] = {("runtime", "trace"): False, ("algo", "sym_aug"): False}
+HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], Any] = {
+    ("runtime", "trace"): False, ("algo", "sym_aug"): False, ("algo", "symmetry_coef"): 1.0,
+}
 
 
 def spec_hash(spec: ExperimentSpec) -> str:
