@@ -138,15 +138,20 @@ def test_report_draws_the_stored_curves(tmp_path: Path) -> None:
     assert logged == {"report/report.png", "report/report.html", "report/summary.json"}
 
 
+# a small SAC run on pusher-reach that evaluates twice or more
+SHORT_EVALUATED_RUN = [
+    "algo.warm_up_steps=300", "eval.every_env_steps=300", "eval.episodes=2", "algo.actor_hidden_dims=[32,32]",
+    "algo.critic_hidden_dims=[32,32]", "checkpoint.save_replay=false",
+]
+
+
 def test_eval_video_is_logged_to_mlflow() -> None:
     """eval.video renders the first eval episode offscreen (EGL here) into a GIF artifact per evaluation."""
     from mlflow.tracking import MlflowClient
     from PIL import Image
 
     spec = load_spec(ROOT / "specs" / "sac.yaml", [
-        "eval.video=true", "eval.video_max_frames=8", "budget.env_steps=600", "algo.warm_up_steps=300",
-        "eval.every_env_steps=300", "eval.episodes=2", "algo.actor_hidden_dims=[32,32]",
-        "algo.critic_hidden_dims=[32,32]", "checkpoint.save_replay=false",
+        *SHORT_EVALUATED_RUN, "eval.video=true", "eval.video_max_frames=8", "budget.env_steps=600",
     ])
     result = Trainer(spec, live=False).run()
     client = MlflowClient()
@@ -165,9 +170,7 @@ def test_phase_timings_are_logged_and_the_trace_opens_as_chrome_trace_json() -> 
     from aa_ray import metric_names as m
 
     spec = load_spec(ROOT / "specs" / "sac.yaml", [
-        "runtime.trace=true", "budget.env_steps=900", "algo.warm_up_steps=300", "eval.every_env_steps=300",
-        "eval.episodes=2", "checkpoint.every_env_steps=400", "algo.actor_hidden_dims=[32,32]",
-        "algo.critic_hidden_dims=[32,32]", "checkpoint.save_replay=false",
+        *SHORT_EVALUATED_RUN, "runtime.trace=true", "budget.env_steps=900", "checkpoint.every_env_steps=400",
     ])
     result = Trainer(spec, live=False).run()
     client = MlflowClient()

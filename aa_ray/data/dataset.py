@@ -348,6 +348,18 @@ def _batch_to_numpy(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
     return out
 
 
+def checked_prior_data(spec: Any, obs_dim: int, act_dim: int) -> Path | None:
+    """`algo.prior_data`'s path (relative to the cwd), checked against the env from file footers."""
+    if spec.prior_data is None:
+        return None
+    path = Path(spec.prior_data).expanduser().resolve()
+    try:
+        read_dataset(path, expect_env_id=spec.env.id, expect_obs_dim=obs_dim, expect_act_dim=act_dim)
+    except DatasetError as err:
+        raise DatasetError(f"algo.prior_data: {err}") from None
+    return path
+
+
 def read_dataset(
     path: str | Path,
     expect_env_id: str | None = None,

@@ -57,6 +57,23 @@ def connect(spec: ExperimentSpec | None, cpus: float | None = None) -> bool:
     return True
 
 
+def disconnect(started_ray: bool) -> None:
+    """Shut down the Ray that `connect` started (a joined cluster stays up)."""
+    if started_ray:
+        import ray
+
+        ray.shutdown()
+
+
+def timeline(spec: ExperimentSpec) -> list[dict[str, Any]]:
+    """Every actor call of this Ray session as Chrome-trace events (none for an inline run)."""
+    if spec.runtime.backend != "ray":
+        return []
+    import ray
+
+    return ray.timeline()
+
+
 def check_capacity(bundles: list[dict[str, float]], what: str = "the spec") -> None:
     """ResourceError, naming the resource, if the whole cluster could never hold these bundles."""
     import ray

@@ -10,6 +10,7 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from aa_ray.runtime import cluster
 from aa_ray.spec.loader import SpecError, set_values
 from aa_ray.tracking.mlflow_tracker import (
     PARENT_TAG,
@@ -141,7 +142,4 @@ def end_invocation(parent: ParentRun | None, status: str, started_ray: bool, rep
         children = [child.info.run_id for child in parent.children() if child.info.status == "FINISHED"]
         if len(children) > 1:
             report(f"compare in the MLflow UI: {compare_link(parent.uri, parent.experiment_id, children)}")
-    if started_ray:
-        import ray
-
-        ray.shutdown()
+    cluster.disconnect(started_ray)
