@@ -11,7 +11,13 @@ import pytest
 import torch
 
 from aa_ray.algos.common import Batch
-from aa_ray.runtime.checkpoint import CheckpointError, check_compatible, load_checkpoint, save_checkpoint
+from aa_ray.runtime.checkpoint import (
+    CheckpointError,
+    check_compatible,
+    load_checkpoint,
+    newest_checkpoint,
+    save_checkpoint,
+)
 from aa_ray.runtime.env_runner import EnvRunner
 from aa_ray.runtime.learner import Learner
 from aa_ray.runtime.replay import ReplayBuffer
@@ -233,6 +239,19 @@ def test_a_stack_that_is_not_whole_fleet_steps_is_refused_not_cut() -> None:
     with pytest.raises(ValueError, match=r"3 batches, not a whole number of fleet steps of algo.utd_ratio=2"):
         learner.update(replay.sample(3, 8), [])
     assert torch.equal(learner.parameters_vector(), before) and learner.weights_version == 0
+
+
+def test_newest_checkpoint_skips_one_a_crash_left_half_written(tmp_path: Path) -> None:
+    spec = counting_spec(3)
+    assert newest_checkpoint(tmp_path) is None
+    save_checkpoint(tmp_path / "step_000000300", spec, {})
+    # killed while writing the next one: its folder already holds a truncated state file
+    (tmp_path / "step_000000600.partial").mkdir()
+    (tmp_path / "step_000000600.partial" / "state.pt").write_bytes(b"PK\x03\x04 cut short")
+    assert newest_checkpoint(tmp_path) == tmp_path / "step_000000300"
+    load_checkpoint(newest_checkpoint(tmp_path))
+    save_checkpoint(tmp_path / "final", spec, {})
+    assert newest_checkpoint(tmp_path) == tmp_path / "final"
 
 
 def test_corrupt_and_incompatible_checkpoints_are_explained(tmp_path: Path) -> None:

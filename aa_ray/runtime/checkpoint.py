@@ -35,6 +35,7 @@ STATE_FILE, SPEC_FILE, REPLAY_FILE = "state.pt", "spec.yaml", "replay.parquet"
 # budget, eval cadence, fleet size or tracking, but not these.
 _MUST_MATCH = ("env", "algo")
 _COUNTERS = ("env_steps", "iterations", "episodes", "next_eval")
+_PARTIAL = ".partial"
 
 
 class CheckpointError(ValueError):
@@ -43,7 +44,7 @@ class CheckpointError(ValueError):
 
 def save_checkpoint(folder: Path, spec: ExperimentSpec, state: dict[str, Any], replay: pa.Table | None = None) -> Path:
     """Write `folder` atomically (see the module docstring): state, spec and the replay table."""
-    partial = folder.with_name(folder.name + ".partial")
+    partial = folder.with_name(folder.name + _PARTIAL)
     shutil.rmtree(partial, ignore_errors=True)  # left by a crash during an earlier write
     partial.mkdir(parents=True)
     payload = {"format_version": FORMAT_VERSION, "spec": spec_to_dict(spec), **state}
@@ -61,6 +62,17 @@ def save_checkpoint(folder: Path, spec: ExperimentSpec, state: dict[str, Any], r
     else:
         partial.rename(folder)
     return folder
+
+
+def newest_checkpoint(folder: Path) -> Path | None:
+    """The newest complete checkpoint under a run's `checkpoints/` folder: `final`, else the latest
+    `step_*`. A `<name>.partial/` a crash left mid-write already holds a (truncated) state file, so
+    it is never a candidate."""
+    final = folder / "final"
+    if (final / STATE_FILE).is_file():
+        return final
+    steps = sorted(p for p in folder.glob("step_*") if not p.name.endswith(_PARTIAL) and (p / STATE_FILE).is_file())
+    return steps[-1] if steps else None
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from typing import Any
 from ray import tune
 
 from aa_ray import metric_names as m
-from aa_ray.runtime.checkpoint import STATE_FILE
+from aa_ray.runtime.checkpoint import newest_checkpoint
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import SpecError, spec_hash, validate_spec
 from aa_ray.tracking.mlflow_tracker import retry_locked
@@ -55,15 +55,6 @@ class CellPlan:
             return None
         record = json.loads(path.read_text())
         return record if record.get("key") == self.key else None
-
-    def newest_checkpoint(self) -> Path | None:
-        """The newest complete checkpoint the folder holds (written atomically, so no half one)."""
-        folder = self.folder / "checkpoints"
-        final = folder / "final"
-        if (final / STATE_FILE).is_file():
-            return final
-        steps = sorted(p for p in folder.glob("step_*") if (p / STATE_FILE).is_file())
-        return steps[-1] if steps else None
 
     def tags(self) -> dict[str, str]:
         return {LABEL_TAG: self.label, ENV_TAG: self.env, SEED_TAG: str(self.seed)}
@@ -178,7 +169,7 @@ def run_suite(suite: Suite, force: bool = False, track: bool = True, report: Any
 
 def _trial_config(plan: CellPlan, parent: ParentRun | None, children: list[Any], force: bool,
                   report: Any) -> dict[str, Any]:
-    resume_from = None if force else plan.newest_checkpoint()
+    resume_from = None if force else newest_checkpoint(plan.folder / "checkpoints")
     if resume_from is not None:
         report(f"{plan.name}: resuming from {resume_from.name}")
     elif parent is not None:  # it had not checkpointed: its partial child run would repeat steps
