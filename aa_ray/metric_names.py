@@ -9,6 +9,7 @@ ENV_STEPS_PER_S = "env/steps_per_s"
 TRAIN_EPISODE_RETURN = "train/episode_return"
 TRAIN_FINAL_DISTANCE = "train/final_distance"
 RUN_FINISHED = "run/finished"
+RUN_RESUMED_AT = "run/resumed_at"  # a resume's checkpoint env steps, logged at that step (see report.py)
 
 # evaluation (env runners)
 EVAL_RETURN = "eval/return"

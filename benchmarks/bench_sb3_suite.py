@@ -117,6 +117,7 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
     else:
         run_id = state["run_id"]
         print(f"{job['cell']}: resuming from {state['env_steps']:,} env steps", flush=True)
+        client.log_metric(run_id, m.RUN_RESUMED_AT, state["env_steps"], step=state["env_steps"])  # as aa-ray's resumes
     every, episodes, budget, save_every = job["eval_every"], job["episodes"], job["env_steps"], job["checkpoint_every"]
     started = time.perf_counter()
 

@@ -92,6 +92,7 @@ def test_a_killed_and_resumed_run_repeats_the_uninterrupted_one_exactly(tmp_path
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
     expected, actual = metric_history(mlflow_run_id(whole.stdout)), metric_history(mlflow_run_id(resumed.stdout))
+    assert actual.pop(("run/resumed_at", resumed_at)) == resumed_at  # the one addition: the resume's marker
     after_resume = [key for key in expected if key[1] > resumed_at]
     assert len(after_resume) > 40 and ("eval/return", max(step for _, step in expected)) in after_resume
     differing = sorted(key for key in expected.keys() | actual.keys() if expected.get(key) != actual.get(key))

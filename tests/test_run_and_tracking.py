@@ -102,6 +102,9 @@ def test_resume_continues_env_steps_and_the_same_mlflow_run(short_run: dict) -> 
     resumed = [s for s in steps if s > first_last]
     assert resumed and min(resumed) <= first_last + 100  # picks up where it stopped, not from zero
     assert max(steps) >= 3000
+    # the resume is marked at the checkpoint's env steps, so reports drop nothing of an attempt that ended there
+    (marker,) = client.get_metric_history(short_run["run_id"], "run/resumed_at")
+    assert marker.step == marker.value == first_last
     assert client.get_run(short_run["run_id"]).info.status == "FINISHED"
 
 

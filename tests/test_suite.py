@@ -23,7 +23,7 @@ from mlflow.tracking import MlflowClient
 
 from aa_ray import cli
 from aa_ray.spec.loader import SpecError
-from aa_ray.tracking.report import make_report
+from aa_ray.tracking.report import load_curve, make_report
 from aa_ray.tune.specs import load_suite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,6 +143,23 @@ def test_suite_killed_and_resumed_then_reported(tmp_path: Path) -> None:
     assert report["png"].stat().st_size > 10_000
     logged = {a.path for a in client.list_artifacts(parent_id, "report")}
     assert logged == {"report/report.png", "report/report.html", "report/summary.json"}
+
+
+def test_a_resumed_runs_curve_is_its_newest_attempt() -> None:
+    """Interrupted after evaluating at 35,020 and 40,004 but checkpointed at 30,017, a run resumed
+    from there evaluates at 40,036: the first attempt's 35,020 and 40,004 are not part of the curve.
+    A step logged again (an older run, resumed before the marker existed) keeps its newest value."""
+    client = MlflowClient()
+    run_id = client.create_run(client.create_experiment("curves")).info.run_id
+    clock = iter(range(1_000_000, 2_000_000, 1000))
+    for step, value in [(30017, 345.3), (35020, 555.4), (40004, 1011.7)]:
+        client.log_metric(run_id, "eval/return", value, timestamp=next(clock), step=step)
+    client.log_metric(run_id, "run/resumed_at", 30017, timestamp=next(clock), step=30017)
+    for step, value in [(40036, 752.0), (45014, 27.8), (45014, 30.5), (50022, 986.4)]:
+        client.log_metric(run_id, "eval/return", value, timestamp=next(clock), step=step)
+    curve = load_curve(client, client.get_run(run_id), "eval/return")
+    assert curve.steps.tolist() == [30017, 40036, 45014, 50022]
+    assert curve.values.tolist() == [345.3, 752.0, 30.5, 986.4]
 
 
 @pytest.mark.parametrize(

@@ -40,7 +40,7 @@ import torch
 
 from aa_ray import metric_names as m
 from aa_ray.algos import build_algorithm
-from aa_ray.data.dataset import DatasetError, read_dataset
+from aa_ray.data.dataset import checked_prior_data
 from aa_ray.envs import env_dims
 from aa_ray.envs.symmetry import sym_aug_mirror
 from aa_ray.runtime import cluster
@@ -132,7 +132,7 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         obs_dim, act_dim = env_dims(self.spec)  # a spec whose env cannot be made stops here
         sym_aug_mirror(self.spec, obs_dim, act_dim)  # so does a mirror that does not fit the env's kwargs
-        prior_path = self.check_prior_data(obs_dim, act_dim)  # so does a dataset that does not fit it
+        prior_path = checked_prior_data(self.spec, obs_dim, act_dim)  # so does a dataset that does not fit it
         replay_table = self._check_resume(obs_dim, act_dim) if self.resume is not None else None
         # inline actors live in this process: no Ray to start or join
         started_ray = self.spec.runtime.backend == "ray" and cluster.connect(self.spec)
@@ -146,6 +146,8 @@ class Trainer:
                 self.graph.queue_prior_stats()
             self.graph.publish_weights()
             self._start_tracking()
+            if self.resume is not None:  # so reports leave out what the interrupted attempt logged past it
+                self._log({m.RUN_RESUMED_AT: float(self.counters.env_steps)}, self.counters.env_steps)
             with ProgressDisplay(self.spec.name, self.spec.budget.env_steps, live=self.live) as self.progress:
                 stop_reason = self._train()
                 final = self._final_checkpoint(stop_reason)
@@ -267,23 +269,11 @@ class Trainer:
         }
 
     # ---- before Ray starts -----------------------------------------------------------------------
-    def check_prior_data(self, obs_dim: int, act_dim: int) -> Path | None:
-        """Validate `algo.prior_data` against the spec's env (file footers only); DatasetError
-        naming the file and the mismatch otherwise. Relative paths are taken from the cwd."""
-        if self.spec.prior_data is None:
-            return None
-        path = Path(self.spec.prior_data).expanduser().resolve()
-        try:
-            read_dataset(path, expect_env_id=self.spec.env.id, expect_obs_dim=obs_dim, expect_act_dim=act_dim)
-        except DatasetError as err:
-            raise DatasetError(f"algo.prior_data: {err}") from None
-        return path
-
     def _check_resume(self, obs_dim: int, act_dim: int) -> Any:
         """Check the checkpoint's learner state and replay file against the spec before any actor
         starts (CheckpointError naming the file otherwise); returns the replay table, if it has one."""
         algorithm = build_algorithm(self.spec.algo, obs_dim, act_dim, torch.device("cpu"),
-                                    planned_fleet_steps(self.spec))
+                                    planned_fleet_steps(self.spec), sym_aug_mirror(self.spec, obs_dim, act_dim))
         return verify_resume(self.resume, self.spec, algorithm, obs_dim, act_dim)
 
     def _start_tracking(self) -> None:
@@ -306,18 +296,10 @@ class Trainer:
             self.tracker.finish(status)
         if self.graph is not None:
             self.graph.close()
-        if started_ray:
-            import ray
-
-            ray.shutdown()
+        cluster.disconnect(started_ray)
 
     def _write_trace(self) -> None:
-        ray_events = []
-        if self.spec.runtime.backend == "ray":
-            import ray
-
-            ray_events = ray.timeline()  # every actor call of this Ray session, Chrome-trace events
-        path = self.phases.write_trace(self.run_dir, ray_events)
+        path = self.phases.write_trace(self.run_dir, cluster.timeline(self.spec))
         if self.progress is not None:
             self.progress.message(f"trace: {path} (open it in https://ui.perfetto.dev)")
         if self.tracker is not None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from mlflow.entities import Run
+from mlflow.entities import Metric, Run
 from mlflow.tracking import MlflowClient
 
 from aa_ray import metric_names
@@ -77,18 +77,33 @@ def group_runs(runs: list[Run]) -> list[Group]:
     return list(groups.values())
 
 
+def newest_attempt(points: list[Metric], resumes: list[Metric]) -> list[Metric]:
+    """A metric's points without what interrupted attempts logged past the checkpoint the run resumed
+    from (their evaluations need not land on the steps the resumed attempt logs). A resume marker
+    (`run/resumed_at`, logged at the checkpoint's step) drops the points logged before it at later
+    steps; a step logged again keeps its newest value and drops the earlier-logged ones after it."""
+    kept: list[Metric] = []
+    in_time_order = sorted([(r.timestamp, 0, r) for r in resumes] + [(p.timestamp, 1, p) for p in points],
+                           key=lambda event: event[:2])
+    for _, is_point, item in in_time_order:
+        while kept and (kept[-1].step >= item.step if is_point else kept[-1].step > item.step):
+            kept.pop()
+        if is_point:
+            kept.append(item)
+    return kept
+
+
 def load_curve(client: MlflowClient, run: Run, metric: str) -> Curve | None:
-    history = sorted(client.get_metric_history(run.info.run_id, metric), key=lambda m: (m.step, m.timestamp))
+    history = client.get_metric_history(run.info.run_id, metric)
     if not history:
         return None
-    # a run resumed from a checkpoint logs again the steps after it: the newest value of a step counts
-    latest = {point.step: point for point in history}
+    kept = newest_attempt(history, client.get_metric_history(run.info.run_id, metric_names.RUN_RESUMED_AT))
     start_ms = run.info.start_time
     return Curve(
         run.info.run_id,
-        np.array(list(latest), float),
-        np.array([(point.timestamp - start_ms) / 1000.0 for point in latest.values()]),
-        np.array([point.value for point in latest.values()]),
+        np.array([point.step for point in kept], float),
+        np.array([(point.timestamp - start_ms) / 1000.0 for point in kept]),
+        np.array([point.value for point in kept]),
     )
 
 
