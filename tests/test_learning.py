@@ -1,25 +1,14 @@
-"""Learning claims, tested by learning: short real runs (local Ray, MuJoCo) that must reach a
-threshold. Each stops as soon as its target is met, so a healthy run costs far less than its budget.
+"""Learning claims, tested by learning: short real runs (MuJoCo, in process: see learning_runs.py)
+that must reach a threshold. Each stops as soon as its target is met, so a healthy run costs far less than its budget.
 Plain SAC's pusher-reach claim (solved within 20k env steps) is checked by its run in
 test_learning_rlpd.py, where it is also RLPD's baseline."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
-from aa_ray.runtime.trainer import Trainer
-from aa_ray.spec.loader import load_spec
-
-SPECS = Path(__file__).resolve().parents[1] / "specs"
+from learning_runs import train
 
 pytestmark = pytest.mark.learning
-
-
-def train(spec_file: str, *overrides: str) -> dict:
-    spec = load_spec(SPECS / spec_file, ["tracking.enabled=false", "checkpoint.save_replay=false", *overrides])
-    return Trainer(spec, live=False).run()
 
 
 def test_sac_simba_solves_pusher_reach() -> None:

@@ -1,17 +1,11 @@
-"""PPO learns pusher-reach: a short real run (local Ray, MuJoCo) must beat the random policy by a
+"""PPO learns pusher-reach: a short real run (MuJoCo, in process) must beat the random policy by a
 wide margin. PPO is far less sample-efficient than SAC here (SAC solves it in ~7k env steps), so
 this asks for improvement, not a solve: the random policy ends 0.19 m from the target on average."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
-from aa_ray.runtime.trainer import Trainer
-from aa_ray.spec.loader import load_spec
-
-SPECS = Path(__file__).resolve().parents[1] / "specs"
+from learning_runs import train
 
 pytestmark = pytest.mark.learning
 
@@ -19,11 +13,8 @@ pytestmark = pytest.mark.learning
 def test_ppo_halves_the_random_policys_distance_within_100k_steps() -> None:
     """The shipped spec must bring the mean final eval distance to 0.10 m or less (random: 0.19 m)
     within 100k env steps; each 10k-step evaluation may stop it early."""
-    spec = load_spec(SPECS / "ppo.yaml", [
-        "tracking.enabled=false", "budget.env_steps=100000", "eval.every_env_steps=10000",
-        "budget.stop_at_eval_distance=0.10", "checkpoint.every_env_steps=null",
-    ])
-    result = Trainer(spec, live=False).run()
+    result = train("ppo.yaml", "budget.env_steps=100000", "eval.every_env_steps=10000",
+                   "budget.stop_at_eval_distance=0.10", "checkpoint.every_env_steps=null")
     distances = [round(e["eval/distance"], 4) for e in result["evals"]]
     assert result["stop_reason"] == "target reached", f"eval distances: {distances}"
     assert distances[-1] <= 0.10 and distances[0] > 0.10

@@ -10,16 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from learning_runs import SPECS, train
 
 from aa_ray.data.rollout import rollout
-from aa_ray.runtime.trainer import Trainer
 from aa_ray.spec.loader import load_spec
 
-SPECS = Path(__file__).resolve().parents[1] / "specs"
 BUDGET = 20_000
 COMMON = [
-    "tracking.enabled=false",
-    "checkpoint.save_replay=false",
     "checkpoint.every_env_steps=null",
     f"budget.env_steps={BUDGET}",
     "budget.stop_at_eval_distance=0.05",
@@ -30,7 +27,7 @@ pytestmark = pytest.mark.learning
 
 
 def steps_to_solve(spec_file: str, *overrides: str) -> tuple[int, list[float]]:
-    result = Trainer(load_spec(SPECS / spec_file, [*COMMON, *overrides]), live=False).run()
+    result = train(spec_file, *COMMON, *overrides)
     distances = [round(e["eval/distance"], 3) for e in result["evals"]]
     solved = result["stop_reason"] == "target reached"
     return (result["env_steps"] if solved else BUDGET + 1), distances

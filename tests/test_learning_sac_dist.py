@@ -1,23 +1,12 @@
-"""Learning claims for the distributional SAC variants: short real runs (local Ray, MuJoCo) on
+"""Learning claims for the distributional SAC variants: short real runs (MuJoCo, in process) on
 pusher-reach that stop as soon as the mean eval distance is under 0.05 m."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
-from aa_ray.runtime.trainer import Trainer
-from aa_ray.spec.loader import load_spec
-
-SPECS = Path(__file__).resolve().parents[1] / "specs"
+from learning_runs import train
 
 pytestmark = pytest.mark.learning
-
-
-def train(spec_file: str, *overrides: str) -> dict:
-    spec = load_spec(SPECS / spec_file, ["tracking.enabled=false", "checkpoint.save_replay=false", *overrides])
-    return Trainer(spec, live=False).run()
 
 
 def test_sac_dist_solves_pusher_reach_within_12k_steps() -> None:
