@@ -61,11 +61,22 @@ class RunResult:
     evals: list[dict[str, float]] = field(repr=False)
 
 
+EnvCreator = Callable[..., Any]  # returns a gymnasium Env; called with env.kwargs
+
+
 class Experiment:
-    """A validated spec, from a YAML file or a dict, with overrides by dotted key."""
+    """A validated spec, from a YAML file or a dict, with overrides by dotted key. `env_creator`: a
+    function (or env class) that makes the env, called with `env.kwargs`, in place of `env.id` (it
+    becomes `env.entry_point`; the spec may leave `env` out). On Ray it reaches the workers pickled
+    (by value when defined in a notebook or the script itself; by import otherwise, so its module
+    must be importable there too, e.g. through `env.py_modules`)."""
 
     def __init__(
-        self, spec: str | Path | Mapping[str, Any] | ExperimentSpec, overrides: Mapping[str, Any] | Iterable[str] = ()
+        self,
+        spec: str | Path | Mapping[str, Any] | ExperimentSpec,
+        overrides: Mapping[str, Any] | Iterable[str] = (),
+        *,
+        env_creator: EnvCreator | None = None,
     ):
         if isinstance(spec, ExperimentSpec | Mapping):  # Python values: JSON would turn a NaN into null
             raw, source = (spec.model_dump() if isinstance(spec, ExperimentSpec) else dict(spec)), "the spec"
@@ -77,6 +88,8 @@ class Experiment:
         else:  # "dotted.key=value" strings, as --set takes them
             shown = list(overrides)
             raw = apply_overrides(raw, shown)
+        if env_creator is not None:
+            raw = _with_creator(raw, env_creator)
         self.spec: ExperimentSpec = validate_spec(raw, source + (f" with {' '.join(shown)}" if shown else ""))
         self.trainer: Any = None  # the last fit's driver: its last_checkpoint survives a failed run
 
@@ -114,6 +127,15 @@ class Experiment:
     learn = fit  # SB3's name for it
 
 
+def _with_creator(raw: Mapping[str, Any], env_creator: EnvCreator) -> dict[str, Any]:
+    """The raw spec with the creator as its env's entry point (and the creator's import path as the
+    env's id)."""
+    if not callable(env_creator):
+        raise SpecError(f"env_creator must be a function or an env class, got {type(env_creator).__name__}.")
+    env = {key: value for key, value in (raw.get("env") or {}).items() if key != "id"}  # the id: its label
+    return {**raw, "env": {**env, "entry_point": env_creator}}
+
+
 def _reporter(callbacks: list[Callback]) -> Callable[[dict[str, float], Path | None], bool]:
     def report(metrics: dict[str, float], checkpoint: Path | None) -> bool:
         final = m.RUN_FINISHED in metrics
@@ -127,7 +149,7 @@ def _reporter(callbacks: list[Callback]) -> Callable[[dict[str, float], Path | N
 class Policy:
     """A checkpoint's acting policy: observation normalizer, network and the env's action bounds."""
 
-    def __init__(self, checkpoint: str | Path):
+    def __init__(self, checkpoint: str | Path, env_creator: EnvCreator | None = None):
         import torch
 
         from aa_ray.algos import build_policy
@@ -136,6 +158,8 @@ class Policy:
         from aa_ray.runtime.checkpoint import CheckpointError, checkpoint_policy, load_checkpoint
 
         payload = load_checkpoint(checkpoint)
+        if env_creator is not None and isinstance(payload.get("spec"), dict):
+            payload["spec"] = _with_creator(payload["spec"], env_creator)
         self.checkpoint = Path(payload["folder"])
         self.spec, state = checkpoint_policy(payload)
         self.obs_dim, self.act_dim = env_dims(self.spec)
@@ -218,6 +242,8 @@ class Policy:
         return out
 
 
-def load_policy(checkpoint: str | Path) -> Policy:
-    """The acting policy of a checkpoint folder (CheckpointError for a missing or foreign one)."""
-    return Policy(checkpoint)
+def load_policy(checkpoint: str | Path, env_creator: EnvCreator | None = None) -> Policy:
+    """The acting policy of a checkpoint folder (CheckpointError for a missing or foreign one).
+    `env_creator`: the function that made the env of a run trained with one (`Experiment(...,
+    env_creator=)`); without it the checkpoint's recorded `env.entry_point` is imported."""
+    return Policy(checkpoint, env_creator)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gymnasium as gym
 
-from aa_ray.envs.make import RENDER_BACKEND_ERRORS, env_dims, env_kwargs, make_vector_env
+from aa_ray.envs.make import RENDER_BACKEND_ERRORS, EnvSetupError, env_dims, env_kwargs, make_env, make_vector_env
 from aa_ray.envs.pusher_reach import (
     ACT_DIM,
     ENV_ID,
@@ -18,6 +18,7 @@ from aa_ray.envs.pusher_reach import (
 
 __all__ = [
     "ACT_DIM",
+    "EnvSetupError",
     "MAX_EPISODE_STEPS",
     "OBS_DIM",
     "PUSHER_REACH_ID",
@@ -26,6 +27,7 @@ __all__ = [
     "PusherReachEnv",
     "env_dims",
     "env_kwargs",
+    "make_env",
     "make_vector_env",
     "register_envs",
     "scripted_action",

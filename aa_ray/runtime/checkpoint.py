@@ -101,6 +101,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"this aa-ray reads versions {', '.join(map(str, READABLE_VERSIONS))}; use the aa-ray that wrote it."
         )
     _todays_algo_section(payload)
+    _todays_env_section(payload)
     payload["folder"] = state_file.parent
     return payload
 
@@ -122,6 +123,20 @@ def _todays_algo_section(payload: dict[str, Any]) -> None:
         stored["algo"] = ALGORITHMS[algo["name"]].config.model_validate(renamed).model_dump(mode="json")
     except ValueError:
         stored["algo"] = renamed
+
+
+# env fields added since checkpoints were first written, with the values that mean "as before"
+ENV_FIELDS_ADDED = {"entry_point": None, "imports": [], "py_modules": []}
+
+
+def _todays_env_section(payload: dict[str, Any]) -> None:
+    """The stored env section with the fields added since it was written, so it compares equal to
+    a spec that means the same env."""
+    stored = payload.get("spec")
+    env = stored.get("env") if isinstance(stored, dict) else None
+    if isinstance(env, dict):
+        for key, value in ENV_FIELDS_ADDED.items():
+            env.setdefault(key, value)
 
 
 def checkpoint_spec(payload: dict[str, Any]) -> ExperimentSpec:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from aa_ray.spec.experiment import ExperimentSpec
@@ -26,28 +27,34 @@ class ResourceError(RuntimeError):
     """The cluster cannot hold the actors the spec asks for."""
 
 
-def connect(spec: ExperimentSpec | None, cpus: float | None = None) -> bool:
+def connect(spec: ExperimentSpec | None, cpus: float | None = None, py_modules: Sequence[str] = ()) -> bool:
     """Join `RAY_ADDRESS` when set, else start an embedded local Ray sized for the spec (or for
-    `cpus`, e.g. a sweep's concurrent trials). Returns True when this call started Ray (and so
-    should shut it down)."""
+    `cpus`, e.g. a sweep's concurrent trials). The spec's `env.py_modules` (else `py_modules`) go to
+    every worker in the job's runtime env. Returns True when this call started Ray (and so should
+    shut it down)."""
     import ray
 
     if ray.is_initialized():
         return False
     # Workers inherit these: one BLAS/OpenMP thread each, torch threads are set per actor.
-    env_vars = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    runtime_env: dict[str, Any] = {"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}}
+    py_modules = spec.env.py_modules if spec is not None else py_modules
+    if py_modules:  # the user's env packages: Ray zips each folder and puts it on every worker's path
+        runtime_env["py_modules"] = [os.path.abspath(path) for path in py_modules]
     if os.environ.get("RAY_ADDRESS"):
         # Ray merges this with a submitted job's runtime env and refuses keys set in both: the job's win
-        job_vars = (_job_config().get("runtime_env") or {}).get("env_vars") or {}
-        ours = {key: value for key, value in env_vars.items() if key not in job_vars}
-        ray.init(runtime_env={"env_vars": ours}, log_to_driver=True)
+        job_env = _job_config().get("runtime_env") or {}
+        job_vars = job_env.get("env_vars") or {}
+        runtime_env["env_vars"] = {key: value for key, value in runtime_env["env_vars"].items() if key not in job_vars}
+        ray.init(runtime_env={key: value for key, value in runtime_env.items() if key not in job_env or
+                              key == "env_vars"}, log_to_driver=True)
         return True
     needed = cpus if cpus is not None else sum(bundle.get("CPU", 0) for bundle in spec.bundles())
     ray.init(
         address="local",  # always a fresh embedded Ray, never a stray `ray start` cluster on this host
         num_cpus=max(math.ceil(needed), os.cpu_count() or 1),
         include_dashboard=False,
-        runtime_env={"env_vars": env_vars},
+        runtime_env=runtime_env,
         log_to_driver=True,
         # The GCS keeps a record of every actor call (about 3 KB each, up to 100k by default): a long
         # run's GCS grew by 36 MB per 100k env steps (benchmarks/RESULTS.md section 10). 10k

@@ -17,7 +17,7 @@ from aa_ray.algos import build_policy
 from aa_ray.algos.knobs import return_moments
 from aa_ray.data import dataset as ds
 from aa_ray.data.scripted import scripted_controllers
-from aa_ray.envs import RENDER_BACKEND_ERRORS, SUCCESS_DISTANCE, env_kwargs, make_vector_env
+from aa_ray.envs import RENDER_BACKEND_ERRORS, SUCCESS_DISTANCE, make_env, make_vector_env
 from aa_ray.runtime.env_state import pack, restore_vector_env, snapshot_vector_env, unpack
 from aa_ray.runtime.metrics import RunMetrics, run_tag
 from aa_ray.runtime.nstep import NStepWindow
@@ -126,6 +126,10 @@ class EnvRunner:
         self.recorder: EpisodeRecorder | None = None  # rollout() state, made on first use
         self.metrics = RunMetrics(run_tag(spec), runner=index)
         self.weights_s = 0.0  # loading policy weights since the last chunk (the publish phase)
+
+    def env_dims(self) -> tuple[int, int]:
+        """(obs_dim, act_dim) of the env this runner made: the driver checks them against its own."""
+        return self.envs.single_observation_space.shape[0], self.act_dim
 
     def close(self) -> None:
         """Close the envs (an actor's process ending does it too; in-process users call this)."""
@@ -323,7 +327,7 @@ class EnvRunner:
         Only making the renderer is guarded; an error while acting or stepping is raised as it is."""
         from PIL import Image
 
-        env = gym.make(self.spec.env.id, render_mode="rgb_array", **env_kwargs(self.spec))
+        env = make_env(self.spec, render_mode="rgb_array")
         try:
             obs, _ = env.reset(seed=seeding.video_seed(self.spec.seed))  # evaluate()'s first episode
             try:

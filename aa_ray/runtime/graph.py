@@ -92,6 +92,7 @@ class ActorGraph:
             for rank in range(spec.learners.num_learners)
         ]
         self.runners = [self._make_runner(index) for index in range(spec.runners.num_runners)]
+        self._check_runner_envs()
         if not spec.on_policy:
             self.replay = self.actors.start(
                 ReplayBuffer, spec.algo.buffer_size, self.obs_dim, self.act_dim, seed=spec.seed, run=run_tag(spec),
@@ -106,6 +107,18 @@ class ActorGraph:
             self.prior_info = get_results(
                 self.replay.load_prior.remote(str(self.prior_path), algo.prior_data_ratio, algo.gamma, spec.env.id)
             )
+
+    def _check_runner_envs(self) -> None:
+        """Each runner made the env, and the same one the driver did: a worker without the user's env
+        package (or with another version of it) fails here, naming the runner's own error, before
+        any training (ActorStartFailed is never retried)."""
+        for index, dims in enumerate(get_results([runner.env_dims.remote() for runner in self.runners])):
+            if tuple(dims) != (self.obs_dim, self.act_dim):
+                raise TrainingError(
+                    f"env runner {index} made {self.spec.env.id} with (obs_dim, act_dim) {tuple(dims)}, but the driver "
+                    f"made it with {(self.obs_dim, self.act_dim)}: the workers have another version of the env's code; "
+                    "ship it with env.py_modules (or ray job submit --working-dir)"
+                )
 
     def _make_runner(self, index: int, incarnation: int = 0) -> Any:
         return self.actors.start(

@@ -12,6 +12,7 @@ wait on real refs, so the inline path runs where Ray is not installed.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,11 @@ class TrainingError(RuntimeError):
 
 class ActorLost(TrainingError):
     """An actor died (killed, out of memory, its node lost) rather than raising an exception."""
+
+
+class ActorStartFailed(TrainingError):
+    """An actor raised in its constructor (e.g. an env runner whose env cannot be made in its process):
+    the same actor would fail the same way again, so nothing retries it."""
 
 
 class LearnerFailed(TrainingError):
@@ -41,10 +47,27 @@ class Ready:
         return f"{self.call} raised {type(self.error).__name__}: {self.error}"
 
 
+def creation_failure(error_msg: str) -> str:
+    """Which actor raised in its constructor, where, and its exception (type and message), out of the
+    text Ray gives a creation task's failure: the exception object itself does not reach the driver."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", error_msg)  # Ray colours the actor's name
+    header = re.search(r"ray::(\w+)\.__init__\(\) \(pid=(\d+), ip=([^,)]+)", text)
+    where = f"{header[1]} (pid {header[2]} on {header[3]})" if header else "an actor"
+    lines = text.splitlines()
+    # the last unindented "package.module.SomeError: message" line starts the exception that ended it
+    starts = [i for i, line in enumerate(lines) if re.match(r"^[A-Za-z_][\w.]*: ", line)]
+    if not starts:
+        return f"{where} could not start: {text.strip()}"
+    name, _, message = "\n".join(lines[starts[-1]:]).strip().partition(": ")
+    return f"{where} could not start: {name.rsplit('.', 1)[-1]}: {message}"
+
+
 def describe_failure(err: Exception) -> str:
     """One line for a Ray actor's failure: its own exception, or why the actor is gone."""
     import ray
 
+    if isinstance(err, ray.exceptions.RayActorError) and err.actor_init_failed:
+        return creation_failure(err.error_msg)
     if isinstance(err, ray.exceptions.RayTaskError):
         cause = err.cause if getattr(err, "cause", None) is not None else err
         return f"{type(cause).__name__}: {cause}"
@@ -70,6 +93,8 @@ def get_results(refs: Any) -> Any:
                 ray.get(ready)
         return ray.get(refs)
     except ray.exceptions.RayActorError as err:  # also a task whose input came from a dead actor
+        if err.actor_init_failed:
+            raise ActorStartFailed(describe_failure(err)) from None
         raise ActorLost(describe_failure(err)) from None
     except ray.exceptions.RayTaskError as err:
         raise TrainingError(describe_failure(err)) from None
@@ -98,5 +123,9 @@ def get_or_failure(ref: Any) -> tuple[Any, str | None]:
 
     try:
         return ray.get(ref), None
-    except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as err:
+    except ray.exceptions.RayActorError as err:
+        if err.actor_init_failed:  # a replacement that cannot start either: replacing it again would not help
+            raise ActorStartFailed(describe_failure(err)) from None
+        return None, describe_failure(err)
+    except ray.exceptions.RayTaskError as err:
         return None, describe_failure(err)

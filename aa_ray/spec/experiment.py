@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import difflib
 import os
+from collections.abc import Callable
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
@@ -12,6 +12,7 @@ from pydantic import (
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
+    field_serializer,
     field_validator,
     model_validator,
 )
@@ -23,17 +24,49 @@ AlgoConfig = Annotated[Union[tuple(entry.config for entry in ALGORITHMS.values()
 
 
 class EnvSpec(SpecModel):
-    id: str = Field(description="gymnasium id: aa_ray/PusherReach-v0, Pendulum-v1, HalfCheetah-v5, ...")
+    id: str = Field(
+        description="gymnasium id: aa_ray/PusherReach-v0, Pendulum-v1, HalfCheetah-v5, an id a module in env.imports "
+        "registers, or gymnasium's 'module:EnvId' form; with env.entry_point it defaults to the entry point"
+    )
+    entry_point: str | Callable[..., Any] | None = Field(
+        None,
+        description="an env class or a function returning an env, named by import path ('mypkg.envs:MyRobotEnv'), for "
+        "an env that is not registered with gymnasium; the Python API also takes the callable itself",
+    )
+    imports: list[str] = Field(
+        default_factory=list,
+        description="modules imported before the env is made, in the driver and in every process that makes it "
+        "(e.g. the package that registers your env ids)",
+    )
+    py_modules: list[str] = Field(
+        default_factory=list,
+        description="local package folders your env needs (each a folder with __init__.py): put on the import path "
+        "here and shipped to "
+        "every Ray worker (Ray's runtime_env py_modules), so code that exists only on this machine trains on a cluster",
+    )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for gym.make")
     max_episode_steps: PositiveInt | None = Field(
         None, description="override the registered time limit (null keeps it)"
     )
 
-    @field_validator("id")
+    @model_validator(mode="before")
     @classmethod
-    def _registered(cls, env_id: str) -> str:
-        import gymnasium as gym
+    def _id_of_entry_point(cls, raw: Any) -> Any:
+        if isinstance(raw, dict) and raw.get("entry_point") is not None and raw.get("id") is None:
+            from aa_ray.envs.source import entry_point_label
 
+            return {**raw, "id": entry_point_label(raw["entry_point"])}
+        return raw
+
+    @field_serializer("entry_point", when_used="json")
+    def _entry_point_path(self, entry_point: str | Callable[..., Any] | None) -> str | None:
+        # a callable is recorded by its import path: a resumed run or `aa-ray eval` imports it from there
+        from aa_ray.envs.source import entry_point_label
+
+        return None if entry_point is None else entry_point_label(entry_point)
+
+    @model_validator(mode="after")
+    def _importable(self) -> EnvSpec:
         try:
             import mujoco  # noqa: F401  (loads the GL backend MUJOCO_GL names, at import)
         except Exception as err:  # a missing GL library surfaces as ImportError, AttributeError, RuntimeError, ...
@@ -44,14 +77,10 @@ class EnvSpec(SpecModel):
                 if backend else "check the MuJoCo installation"
             )
             raise ValueError(f"cannot import MuJoCo ({type(err).__name__}: {err}); {hint}") from err
-        # MuJoCo loaded: an error from here on is a bug in aa_ray.envs and is raised as itself
-        import aa_ray.envs  # noqa: F401  (registers aa_ray/PusherReach-v0)
+        from aa_ray.envs.source import prepare  # MuJoCo loaded: an error from aa_ray.envs is a bug, raised as itself
 
-        if env_id not in gym.registry:
-            close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.5)
-            hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise ValueError(f"unknown gymnasium env id {env_id!r}.{hint}")
-        return env_id
+        prepare(self)  # EnvSourceError is a ValueError: pydantic reports it under env
+        return self
 
 
 class RunnersSpec(SpecModel):

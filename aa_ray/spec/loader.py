@@ -81,10 +81,13 @@ def format_validation_error(err: ValidationError, source: str) -> str:
             renamed = RENAMED_KNOBS.get(e["loc"][1], {}) if len(e["loc"]) == 3 and e["loc"][0] == "algo" else {}
             if e["loc"][-1] in renamed:
                 message = f"unknown key: it was renamed, write {renamed[e['loc'][-1]]} instead"
+        path = _field_path(e["loc"])
+        # a section's check may name the exact field itself (env.imports: ...)
+        names_field = message.startswith(f"{path}.") and ":" in message
         # a whole-spec check (empty location) names its fields in the message; its input is the whole spec
-        quiet = e["type"] in ("missing", "extra_forbidden") or not e["loc"]
+        quiet = e["type"] in ("missing", "extra_forbidden") or not e["loc"] or names_field
         shown = "" if quiet else f" (got {e.get('input')!r})"
-        lines.append(f"  {_field_path(e['loc'])}: {message}{shown}")
+        lines.append(f"  {message}{shown}" if names_field else f"  {path}: {message}{shown}")
     lines.append("Fix the field(s) named above in the file or the --set override.")
     return "\n".join(lines)
 
@@ -113,6 +116,7 @@ def spec_to_dict(spec: ExperimentSpec) -> dict[str, Any]:
 # run names stay valid across the upgrade.
 HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], Any] = {
     ("runtime", "trace"): False, ("algo", "sym_aug"): False, ("algo", "symmetry_coef"): 1.0,
+    ("env", "entry_point"): None, ("env", "imports"): [], ("env", "py_modules"): [],
 }
 
 

@@ -140,7 +140,8 @@ def run_pipeline(pipeline: Pipeline, force: bool = False, track: bool = True, re
             else:
                 report(f"stage {stage_name}: running {plan.stage.kind} (key {plan.key}) in {plan.folder}")
                 if storage is None:  # an embedded Ray is sized for the largest stage
-                    started_ray = cluster.connect(None, cpus=_largest_stage_cpus(pipeline))
+                    started_ray = cluster.connect(None, cpus=_largest_stage_cpus(pipeline), py_modules=sorted(
+                        {path for stage in pipeline.checked.values() for path in stage.env.py_modules}))
                     storage = tune_storage(pipeline.spec.storage, root / "tune", pipeline.path)
                 cluster.check_capacity(plan.bundles(), what=f"stage {stage_name!r}")
                 tracking = parent.child_tracking(run_name, tags) if parent else None

@@ -152,8 +152,9 @@ def run_suite(suite: Suite, force: bool = False, track: bool = True, report: Any
         if todo:
             largest = max((trial_bundles(plan.spec) for plan in todo),
                           key=lambda bundles: sum(bundle.get("CPU", 0.0) for bundle in bundles))
+            py_modules = sorted({path for plan in todo for path in plan.spec.env.py_modules})
             started_ray = cluster.connect(None, cpus=sum(b.get("CPU", 0.0) for b in largest)
-                                          * min(spec.max_concurrent_trials, len(todo)))
+                                          * min(spec.max_concurrent_trials, len(todo)), py_modules=py_modules)
             cluster.check_capacity(largest, what="the suite's largest run")
             outcomes = _run_cells(suite, todo, cells, root)
         rows = [_row(plan, outcomes.get(plan.name)) for plan in plans]

@@ -58,7 +58,8 @@ def run_sweep(sweep: Sweep, track: bool = True, report: Any = print) -> dict[str
     # the embedded Ray holds max_concurrent_trials of the largest trial (a running cluster is used as is)
     sizes = [trial_bundles(sweep.trial_spec(params)) for params in _probe_params(sweep)]
     largest = max(sizes, key=lambda bundles: sum(bundle.get("CPU", 0.0) for bundle in bundles))
-    started_ray = cluster.connect(None, cpus=sum(b.get("CPU", 0.0) for b in largest) * spec.max_concurrent_trials)
+    started_ray = cluster.connect(None, cpus=sum(b.get("CPU", 0.0) for b in largest) * spec.max_concurrent_trials,
+                                  py_modules=base_spec.env.py_modules)
     status = "FAILED"
     try:
         cluster.check_capacity(largest, what="the sweep's largest trial")  # else Tune would wait forever

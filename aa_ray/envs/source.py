@@ -1,0 +1,163 @@
+"""Where the spec's env comes from: a gymnasium id (registered by aa-ray, gymnasium, or a module the
+spec names in `env.imports`; gymnasium's `module:EnvId` form imports its module itself), or an env
+class or creator named by import path (`env.entry_point: mypkg.envs:MyRobotEnv`) or passed as a
+callable through the Python API. Local packages named in `env.py_modules` are put on this
+process's import path (Ray ships them to the workers as its runtime env's `py_modules`).
+
+`prepare` runs in every process that makes the env (the driver's validation, each env runner,
+evaluation, rollouts, Tune trials, `eval` and `export`): importing is idempotent, so it is cheap
+after the first time. Errors are `EnvSourceError`, a ValueError whose message says what to fix.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import gymnasium as gym
+from gymnasium.envs.registration import EnvSpec as GymEnvSpec
+
+
+class EnvSourceError(ValueError):
+    """The spec's env cannot be found or imported; the message is for the user."""
+
+
+class EnvSource(Protocol):
+    """What of the spec's `env` section this module reads (the pydantic model `spec.experiment.EnvSpec`)."""
+
+    id: str
+    entry_point: str | Callable[..., gym.Env] | None
+    imports: Sequence[str]
+    py_modules: Sequence[str]
+
+
+def registered_id(env_id: str) -> str:
+    """The registry id of `module:EnvId` (or of a plain id, itself)."""
+    return env_id.split(":", 1)[1] if ":" in env_id else env_id
+
+
+def id_module(env_id: str) -> str | None:
+    """The module of gymnasium's `module:EnvId` form, or None."""
+    return env_id.split(":", 1)[0] if ":" in env_id else None
+
+
+def package_roots(py_modules: Sequence[str]) -> list[Path]:
+    """The folders to put on the import path for `env.py_modules` (each a package folder or a
+    single .py file, resolved against the current directory): their parents."""
+    return [Path(os.path.abspath(path)).parent for path in py_modules]
+
+
+def add_local_packages(py_modules: Sequence[str]) -> None:
+    """Make `env.py_modules` importable in this process. A path that does not exist here is
+    skipped: on a Ray worker of another node the package arrives through the runtime env instead,
+    and an import that still fails names the path."""
+    for root, path in zip(package_roots(py_modules), py_modules, strict=True):
+        if os.path.exists(path) and str(root) not in sys.path:
+            sys.path.insert(0, str(root))
+
+
+def import_module(name: str, field: str, env: EnvSource) -> Any:
+    try:
+        return importlib.import_module(name)
+    except Exception as err:  # an import runs the user's code: any exception is theirs
+        where = f" (env.py_modules: {', '.join(env.py_modules)})" if env.py_modules else ""
+        missing = isinstance(err, ModuleNotFoundError) and err.name == name.split(".")[0]
+        hint = (
+            f"make {name!r} importable: install it, put its folder on PYTHONPATH, or name the package folder in "
+            "env.py_modules" if missing else f"fix the error in {name!r}"
+        )
+        raise EnvSourceError(
+            f"{field}: importing {name!r}{where} failed in process {os.getpid()} on {os.uname().nodename} "
+            f"({type(err).__name__}: {err}); {hint}."
+        ) from err
+
+
+def resolve_entry_point(entry_point: str | Callable[..., gym.Env], env: EnvSource) -> Callable[..., gym.Env]:
+    """The env class or creator `module:attr` names (a callable is itself). Refuses a class that is
+    not a gymnasium Env and anything that is not callable."""
+    if callable(entry_point):
+        target = entry_point
+    else:
+        module_name, sep, attr = entry_point.partition(":")
+        if not sep or not module_name or not attr:
+            raise EnvSourceError(
+                f"env.entry_point: {entry_point!r} is not of the form 'module:ClassOrFunction' "
+                "(e.g. mypkg.envs:MyRobotEnv)."
+            )
+        target = import_module(module_name, "env.entry_point", env)
+        for part in attr.split("."):
+            if not hasattr(target, part):
+                hint = (
+                    " It names a creator defined in a script or notebook: pass the same function again "
+                    "(load_policy(checkpoint, env_creator=...), Experiment(..., env_creator=...))."
+                    if module_name == "__main__" else ""
+                )
+                raise EnvSourceError(f"env.entry_point: module {module_name!r} has no attribute {attr!r}.{hint}")
+            target = getattr(target, part)
+    if isinstance(target, type) and not issubclass(target, gym.Env):
+        raise EnvSourceError(
+            f"env.entry_point: {entry_point!r} is a class but not a gymnasium Env (a subclass of gymnasium.Env); "
+            "name the env class, or a function that returns an env."
+        )
+    if not callable(target):
+        raise EnvSourceError(
+            f"env.entry_point: {entry_point!r} is a {type(target).__name__}, not an env class or a function that "
+            "returns an env."
+        )
+    return target
+
+
+def prepare(env: EnvSource) -> None:
+    """Import what the spec names, in this process, so that its env id is registered (or its entry
+    point importable). EnvSourceError when an import fails or the id is still unknown."""
+    add_local_packages(env.py_modules)
+    for name in env.imports:
+        import_module(name, "env.imports", env)
+    if env.entry_point is not None:
+        resolve_entry_point(env.entry_point, env)
+        return
+    module = id_module(env.id)
+    if module is not None:
+        import_module(module, "env.id", env)
+    import aa_ray.envs  # noqa: F401  (registers aa_ray/PusherReach-v0)
+
+    env_id = registered_id(env.id)
+    if env_id not in gym.registry:
+        imported = [*env.imports, *([module] if module else [])]
+        if imported:
+            hint = f"after importing {', '.join(imported)} it is still not registered: check the ids they register"
+        else:
+            hint = (
+                "if a package of yours registers it, name that package in env.imports (or write env.id as "
+                "'package:Id'); an env class that is not registered can be named by env.entry_point"
+            )
+        from difflib import get_close_matches
+
+        close = get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.5)
+        suggestion = f" Did you mean {', '.join(close)}?" if close else ""
+        raise EnvSourceError(
+            f"env.id: unknown gymnasium env id {env_id!r} in process {os.getpid()} on {os.uname().nodename}: "
+            f"{hint}.{suggestion}"
+        )
+
+
+def make_target(env: EnvSource) -> str | GymEnvSpec:
+    """What `gym.make` / `gym.make_vec` take for this env: the id, or for an entry point an unregistered
+    gymnasium EnvSpec (nothing is added to gymnasium's registry; the time limit comes from the
+    `max_episode_steps` keyword, `env_kwargs`)."""
+    if env.entry_point is None:
+        return env.id
+    gym_id = re.sub(r"[^\w:.-]", "_", entry_point_label(env.entry_point))  # gymnasium parses the id of a spec
+    return GymEnvSpec(id=gym_id, entry_point=resolve_entry_point(env.entry_point, env))
+
+
+def entry_point_label(entry_point: str | Callable[..., Any]) -> str:
+    """`module:qualname` of an entry point: what the spec records (and the default env id)."""
+    if isinstance(entry_point, str):
+        return entry_point
+    return f"{getattr(entry_point, '__module__', '?')}:{getattr(entry_point, '__qualname__', repr(entry_point))}"
