@@ -82,6 +82,22 @@ def test_job_submit_runs_on_two_nodes_and_records_in_mlflow(two_nodes: dict, tmp
     assert run.data.params["runners.num_runners"] == "2"
 
 
+def test_a_users_env_package_reaches_the_workers_of_both_nodes(two_nodes: dict, tmp_path: Path) -> None:
+    """The user's own env package (tests/user_envs/myenvs, not importable from the working dir's root)
+    named in the spec's env.py_modules: Ray ships it to the runners on both nodes, and the job trains."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    job = submit(
+        two_nodes, ROOT, "aa-ray", "run", "tests/user_envs/point_reach.yaml", "--plain", "--set",
+        "runners.num_runners=2", "--set", "budget.env_steps=1200", "--set", "eval.episodes=2",
+        env_vars={"MLFLOW_TRACKING_URI": store},
+    )
+    assert job.returncode == 0 and "succeeded" in job.stdout + job.stderr, (job.stdout + job.stderr)[-4000:]
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("aa-ray").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.metrics["env/steps"] >= 1200
+    assert run.data.tags["env"] == "myenvs/PointReach-v0"
+
+
 def test_a_job_without_a_tracking_uri_fails_saying_how_to_fix_it(two_nodes: dict, tmp_path: Path) -> None:
     (tmp_path / "tiny.yaml").write_text((ROOT / "specs" / "sac_pendulum.yaml").read_text())
     job = submit(two_nodes, tmp_path, "aa-ray", "run", "tiny.yaml", "--set", "budget.env_steps=1200")
