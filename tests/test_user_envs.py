@@ -15,6 +15,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -44,12 +45,14 @@ def finished_run(project: Path) -> dict[str, float]:
     return run.data.metrics
 
 
-@pytest.mark.parametrize("backend", ["ray", "inline"])
-def test_own_env_package_trains_through_aa_ray_run(project: Path, backend: str) -> None:
+@pytest.mark.parametrize("backend, extra", [("ray", []), ("inline", []), ("inline", ["algo.sym_aug=true"])])
+def test_own_env_package_trains_through_aa_ray_run(project: Path, backend: str, extra: list[str]) -> None:
     """Two runners on Ray (the package reaches their processes as Ray's runtime_env py_modules), or
-    inline. The point mass learns to move towards its target: a random policy's 40-step return is
-    about -40, the trained one's better than -25 after 3,000 env steps (-12 to -19 measured)."""
-    result = aa_ray("run", "spec.yaml", *SHORT, "--set", f"runtime.backend={backend}",
+    inline; and with symmetry augmentation by the mirror the env class declares. The point mass
+    learns to move towards its target: a random policy's 40-step return is about -40, the trained
+    one's better than -25 after 3,000 env steps (-12 to -19 measured)."""
+    sets = [arg for override in extra for arg in ("--set", override)]
+    result = aa_ray("run", "spec.yaml", *SHORT, *sets, "--set", f"runtime.backend={backend}",
                     "--set", "runners.num_runners=2", cwd=project)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     metrics = finished_run(project)
@@ -138,6 +141,9 @@ def test_env_known_only_to_the_driver_fails_once_with_the_workers_own_error(proj
     (["env.entry_point=myenvs.point:NotAnEnv"], "is a class but not a gymnasium Env"),
     (["env.entry_point=myenvs.point:missing"], "module 'myenvs.point' has no attribute 'missing'"),
     (["env.entry_point=myenvs.point:PointReachEnv", "env.kwargs={speed: -1}"], "speed must be positive"),
+    (["algo.sym_aug=true", "env.mirror=myenvs.point:NOT_AN_INVOLUTION"], "it is not an involution"),
+    (["env.mirror=myenvs.point:SUCCESS_RADIUS"], "is not a mirror"),
+    (["algo.sym_aug=true", "env.id=Pendulum-v1"], "name yours by import path in env.mirror"),
 ])
 def test_each_mistake_is_one_paragraph_before_ray_starts(project: Path, overrides: list[str], expected: str) -> None:
     spec = project / "spec.yaml"
@@ -152,6 +158,19 @@ def test_each_mistake_is_one_paragraph_before_ray_starts(project: Path, override
         assert "RuntimeError: this env module is half-written" in result.stderr
     assert not (project / "runs").exists() and not (project / "mlflow.db").exists()
     assert "Started a local Ray" not in result.stdout + result.stderr
+
+
+def test_a_mirror_comes_from_env_mirror_or_from_the_env_class(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from aa_ray.envs.symmetry import find_mirror
+    from aa_ray.spec.loader import load_spec
+
+    monkeypatch.syspath_prepend(str(project))
+    declared = find_mirror(load_spec(project / "spec.yaml").env)  # PointReachEnv.metadata["mirror"]
+    assert (declared.obs_sign, declared.act_sign) == ((-1.0, 1.0, -1.0, 1.0), (-1.0, 1.0))
+    named = find_mirror(load_spec(project / "spec.yaml", ["env.mirror=myenvs.point:MIRROR"]).env)
+    assert named == declared
+    obs = np.random.default_rng(0).normal(size=(5, 4))
+    np.testing.assert_array_equal(named.obs(named.obs(obs)), obs)
 
 
 def test_module_colon_id_and_entry_point_validate(project: Path) -> None:

@@ -6,7 +6,12 @@ left/right parts (a permutation). Every mirror is an involution (mirroring twice
 and the env's dynamics commute with it: the mirror of a state, driven by mirrored actions, stays the
 mirror of the original (tests check both, Ant's in MuJoCo itself).
 
-Registered here, per env id:
+A user's env brings its own: `env.mirror: mypkg.envs:MIRROR` names one by import path, or the env
+class declares it as `metadata["mirror"]`. Either may be a `Mirror`, a mapping with the four fields
+(`obs_perm`, `obs_sign`, `act_perm`, `act_sign`), or a function of no arguments returning one; it is
+checked to be an involution before training starts (`find_mirror`).
+
+aa-ray's own, per env id:
 - pusher-reach: the planar arm mirrored across its base's x axis (y -> -y): joint angles and
   velocities and torques change sign, target and fingertip offsets flip their y.
 - Ant-v5 (default observation: no x/y, contact forces included): mirrored left-right (y -> -y):
@@ -20,11 +25,15 @@ Registered here, per env id:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import gymnasium as gym
 import numpy as np
+from gymnasium.envs.registration import load_env_creator
 
+from aa_ray.envs.source import import_module, prepare, registered_id, resolve_entry_point
 from aa_ray.spec.loader import SpecError
 
 Array = TypeVar("Array")  # numpy arrays or torch tensors: indexing and a multiply work on both
@@ -41,6 +50,16 @@ class Mirror:
         for name, perm, sign in (("obs", self.obs_perm, self.obs_sign), ("act", self.act_perm, self.act_sign)):
             if sorted(perm) != list(range(len(perm))) or len(sign) != len(perm):
                 raise ValueError(f"{name}_perm must be a permutation of 0..{len(perm) - 1} with one sign each")
+            if any(abs(s) != 1.0 for s in sign):
+                raise ValueError(f"{name}_sign must hold only 1 and -1, got {list(sign)}")
+            # mirroring twice must give the input back: feature i reads perm[i], which reads i, with signs cancelling
+            broken = [i for i in range(len(perm)) if perm[perm[i]] != i or sign[i] * sign[perm[i]] != 1.0]
+            if broken:
+                raise ValueError(
+                    f"it is not an involution (mirroring twice must give the input back): {name} feature {broken[0]} "
+                    f"maps to {perm[broken[0]]}, which maps to {perm[perm[broken[0]]]} (signs "
+                    f"{sign[broken[0]]:g}, {sign[perm[broken[0]]]:g})"
+                )
 
     @property
     def obs_dim(self) -> int:
@@ -122,7 +141,55 @@ MIRRORS: dict[str, Mirror] = {"aa_ray/PusherReach-v0": _pusher_reach(), "Ant-v5"
 
 
 def mirror_for(env_id: str) -> Mirror | None:
-    return MIRRORS.get(env_id)
+    """aa-ray's own mirror of an env id (`module:EnvId` included), or None."""
+    return MIRRORS.get(registered_id(env_id))
+
+
+def find_mirror(env: Any) -> Mirror | None:
+    """The mirror of the spec's env (its `env` section): `env.mirror`, else aa-ray's own for its id,
+    else the one its env class declares in `metadata["mirror"]`; None when it has none. ValueError,
+    naming where the mirror came from, when it is not a valid mirror (not an involution, ...)."""
+    if env.mirror is not None:
+        prepare(env)  # a learner's process imports the user's modules here
+        module_name, _, attr = env.mirror.partition(":")
+        declared = import_module(module_name, "env.mirror", env)
+        for part in attr.split("."):
+            if not hasattr(declared, part):
+                raise ValueError(f"env.mirror: module {module_name!r} has no attribute {attr!r}")
+            declared = getattr(declared, part)
+        return as_mirror(declared, f"env.mirror {env.mirror}")
+    if env.entry_point is None and (own := mirror_for(env.id)) is not None:
+        return own
+    declared = (getattr(env_class(env), "metadata", None) or {}).get("mirror")
+    return None if declared is None else as_mirror(declared, f"the metadata['mirror'] of env {env.id}")
+
+
+def env_class(env: Any) -> Any:
+    """The spec's env class (or creator), without making an env."""
+    prepare(env)
+    if env.entry_point is not None:
+        return resolve_entry_point(env.entry_point, env)
+    entry = gym.spec(registered_id(env.id)).entry_point
+    return load_env_creator(entry) if isinstance(entry, str) else entry
+
+
+def as_mirror(declared: Any, where: str) -> Mirror:
+    """A `Mirror` from what a user declared: a Mirror, a mapping of its four fields, or a function
+    returning either."""
+    if callable(declared) and not isinstance(declared, Mirror):
+        declared = declared()
+    fields = ("obs_perm", "obs_sign", "act_perm", "act_sign")
+    if isinstance(declared, Mapping) and set(declared) == set(fields):
+        values = dict(declared)
+    elif all(hasattr(declared, key) for key in fields):
+        values = {key: getattr(declared, key) for key in fields}
+    else:
+        raise ValueError(f"{where} is not a mirror: give the four sequences {', '.join(fields)}")
+    try:
+        return Mirror(**{key: tuple(int(i) for i in value) if key.endswith("perm") else tuple(float(s) for s in value)
+                         for key, value in values.items()})
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where}: {err}") from None
 
 
 def sym_aug_mirror(spec: Any, obs_dim: int, act_dim: int) -> Mirror | None:
@@ -130,7 +197,7 @@ def sym_aug_mirror(spec: Any, obs_dim: int, act_dim: int) -> Mirror | None:
     observations or actions are not the shape its mirror was written for (other env kwargs)."""
     if not getattr(spec.algo, "sym_aug", False):
         return None
-    mirror = MIRRORS[spec.env.id]  # the spec's validation refused envs without one
+    mirror = find_mirror(spec.env)  # the spec's validation refused envs without one
     if (mirror.obs_dim, mirror.act_dim) != (obs_dim, act_dim):
         raise SpecError(
             f"algo.sym_aug: the mirror of {spec.env.id} is for {mirror.obs_dim} observation and {mirror.act_dim} "

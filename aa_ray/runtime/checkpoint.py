@@ -126,7 +126,7 @@ def _todays_algo_section(payload: dict[str, Any]) -> None:
 
 
 # env fields added since checkpoints were first written, with the values that mean "as before"
-ENV_FIELDS_ADDED = {"entry_point": None, "imports": [], "py_modules": []}
+ENV_FIELDS_ADDED = {"entry_point": None, "imports": [], "py_modules": [], "mirror": None}
 
 
 def _todays_env_section(payload: dict[str, Any]) -> None:

@@ -44,6 +44,12 @@ class EnvSpec(SpecModel):
         "here and shipped to "
         "every Ray worker (Ray's runtime_env py_modules), so code that exists only on this machine trains on a cluster",
     )
+    mirror: str | None = Field(
+        None,
+        description="the env's mirror symmetry for algo.sym_aug, by import path ('mypkg.envs:MIRROR': an "
+        "aa_ray.envs.symmetry.Mirror, a mapping of obs_perm, obs_sign, act_perm, act_sign, or a function returning "
+        "one); an env class may declare it as metadata['mirror'] instead",
+    )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for gym.make")
     max_episode_steps: PositiveInt | None = Field(
         None, description="override the registered time limit (null keeps it)"
@@ -230,12 +236,16 @@ class ExperimentSpec(SpecModel):
                 f"{self.learners.num_learners}: several learners train as separate processes in one torch process "
                 "group; set learners.num_learners: 1 to run inline, or runtime.backend: ray for several learners"
             )
-        from aa_ray.envs.symmetry import MIRRORS, mirror_for  # here: aa_ray.envs imports the spec loader
+        from aa_ray.envs.symmetry import MIRRORS, find_mirror  # here: aa_ray.envs imports the spec loader
 
-        if getattr(self.algo, "sym_aug", False) and mirror_for(self.env.id) is None:
+        sym_aug = getattr(self.algo, "sym_aug", False)
+        # a mirror the spec names is checked (an involution, ...) even while sym_aug is off
+        mirror = find_mirror(self.env) if sym_aug or self.env.mirror is not None else None
+        if sym_aug and mirror is None:
             raise ValueError(
-                f"algo.sym_aug needs mirror transforms for env {self.env.id!r}, and it has none (envs with them: "
-                f"{', '.join(MIRRORS)}); register a Mirror for it in aa_ray/envs/symmetry.py or set algo.sym_aug: false"
+                f"algo.sym_aug needs mirror transforms for env {self.env.id!r}, and it has none (aa-ray's own: "
+                f"{', '.join(MIRRORS)}); name yours by import path in env.mirror (or declare it in the env class's "
+                "metadata['mirror']), or set algo.sym_aug: false"
             )
         if self.on_policy:
             return self._consistent_on_policy()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -82,8 +83,9 @@ def format_validation_error(err: ValidationError, source: str) -> str:
             if e["loc"][-1] in renamed:
                 message = f"unknown key: it was renamed, write {renamed[e['loc'][-1]]} instead"
         path = _field_path(e["loc"])
-        # a section's check may name the exact field itself (env.imports: ...)
-        names_field = message.startswith(f"{path}.") and ":" in message
+        # a section's (or the whole spec's) check may name the exact field itself (env.imports: ...)
+        named = re.match(r"[a-z_]+(\.[a-z_]+)+\b", message)
+        names_field = named is not None and (not e["loc"] or message.startswith(f"{path}."))
         # a whole-spec check (empty location) names its fields in the message; its input is the whole spec
         quiet = e["type"] in ("missing", "extra_forbidden") or not e["loc"] or names_field
         shown = "" if quiet else f" (got {e.get('input')!r})"
@@ -116,7 +118,7 @@ def spec_to_dict(spec: ExperimentSpec) -> dict[str, Any]:
 # run names stay valid across the upgrade.
 HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], Any] = {
     ("runtime", "trace"): False, ("algo", "sym_aug"): False, ("algo", "symmetry_coef"): 1.0,
-    ("env", "entry_point"): None, ("env", "imports"): [], ("env", "py_modules"): [],
+    ("env", "entry_point"): None, ("env", "imports"): [], ("env", "py_modules"): [], ("env", "mirror"): None,
 }
 
 

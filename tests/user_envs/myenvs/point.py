@@ -10,10 +10,19 @@ import numpy as np
 
 SUCCESS_RADIUS = 0.1
 
+# The plane mirrored across its y axis (x -> -x): position and offset x flip, so does the x velocity.
+# Mirroring twice gives the input back, and the dynamics commute with it.
+MIRROR = {"obs_perm": [0, 1, 2, 3], "obs_sign": [-1, 1, -1, 1], "act_perm": [0, 1], "act_sign": [-1, 1]}
+# A mistake a user could make: x and y swapped one way, but the offsets' x and y not back.
+NOT_AN_INVOLUTION = {"obs_perm": [1, 2, 0, 3], "obs_sign": [1, 1, 1, 1], "act_perm": [1, 0], "act_sign": [1, 1]}
+
 
 class PointReachEnv(gym.Env):
     """Observation: position (2) and target minus position (2); action: a velocity in [-1, 1]^2,
-    scaled by `speed`; reward: minus the distance to the target."""
+    scaled by `speed`; reward: minus the distance to the target. Declares its mirror for
+    `algo.sym_aug` in `metadata`."""
+
+    metadata = {"mirror": MIRROR}
 
     def __init__(self, speed: float = 0.1):
         if speed <= 0:
