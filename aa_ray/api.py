@@ -162,8 +162,11 @@ class Policy:
             payload["spec"] = _with_creator(payload["spec"], env_creator)
         self.checkpoint = Path(payload["folder"])
         self.spec, state = checkpoint_policy(payload)
-        self.obs_dim, self.act_dim = env_dims(self.spec)
-        self.network = build_policy(self.spec.algo, self.obs_dim, self.act_dim)
+        obs, self.act_dim = env_dims(self.spec)
+        # what `predict` and an exported file take: the actor's observation features (for a Dict
+        # observation, its keys' features in `obs_keys` order; no privileged key is needed)
+        self.obs_dim, self.obs_keys = obs.actor, obs.actor_keys
+        self.network = build_policy(self.spec.algo, obs, self.act_dim)
         try:
             self.network.load_state_dict(state)
         except RuntimeError as err:
@@ -176,11 +179,19 @@ class Policy:
         self.bounded = BoundedPolicy(self.network, space.low, space.high).eval()
         self.generator = torch.Generator().manual_seed(self.spec.seed)
 
-    def predict(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
+    def predict(self, obs: np.ndarray | Mapping[str, np.ndarray], deterministic: bool = True) -> np.ndarray:
         """Env actions for raw observations: shape (obs_dim,) gives (act_dim,), (N, obs_dim) gives
-        (N, act_dim). `deterministic=False` samples as the policy explores."""
+        (N, act_dim). A Dict-observation env's policy takes the env's dict (only the actor's keys,
+        `obs_keys`, are read) or their features concatenated in that order. `deterministic=False`
+        samples as the policy explores."""
         import torch
 
+        if isinstance(obs, Mapping):
+            missing = [key for key in self.obs_keys if key not in obs]
+            if not self.obs_keys or missing:
+                raise ValueError(f"the policy of {self.spec.env.id} reads observation keys {list(self.obs_keys)}; "
+                                 f"got a dict with {sorted(obs)}")
+            obs = np.concatenate([np.asarray(obs[key], dtype=np.float32) for key in self.obs_keys], axis=-1)
         batch = np.asarray(obs, dtype=np.float32)
         single = batch.ndim == 1
         if batch.shape[-1:] != (self.obs_dim,) or batch.ndim > 2:

@@ -129,15 +129,17 @@ def main(argv: list[str] | None = None) -> int:
         from aa_ray.envs import env_dims
 
         try:
-            obs_dim, act_dim = env_dims(spec)
+            obs, act_dim = env_dims(spec)
         except SpecError as err:
             return _fail(str(err))
-        print(f"# env {spec.env.id}: obs_dim {obs_dim}, act_dim {act_dim}")
+        groups = f" ({', '.join(f'{key} {dim}' for key, dim in obs.groups)}; the actor reads {obs.actor})" \
+            if obs.groups else ""
+        print(f"# env {spec.env.id}: obs_dim {obs.full}{groups}, act_dim {act_dim}")
         if spec.prior_data is not None:
             from aa_ray.data.dataset import DatasetError
 
             try:
-                print(f"# algo.prior_data: {_prior_data_note(spec, obs_dim, act_dim)}")
+                print(f"# algo.prior_data: {_prior_data_note(spec, obs.full, act_dim)}")
             except DatasetError as err:
                 return _fail(f"algo.prior_data: {err}")
         print(f"# spec hash {spec_hash(spec)}\n# placement-group bundles: {spec.bundles()}")
@@ -187,7 +189,8 @@ def _policy_command(args: argparse.Namespace) -> int:
         policy = load_policy(args.checkpoint)
         if args.command == "export":
             out = policy.export(args.out, args.format)
-            print(f"{args.format}: {out} (obs {policy.obs_dim} -> action {policy.act_dim}, {policy.spec.env.id})")
+            keys = f" = {' + '.join(policy.obs_keys)}" if policy.obs_keys else ""
+            print(f"{args.format}: {out} (obs {policy.obs_dim}{keys} -> action {policy.act_dim}, {policy.spec.env.id})")
             return 0
         result = policy.evaluate(args.episodes, video=args.video)
     except (SpecError, CheckpointError, ValueError) as err:

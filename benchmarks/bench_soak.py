@@ -172,7 +172,8 @@ def main() -> None:
         f"eval.every_env_steps={args.env_steps // 4}", f"checkpoint.every_env_steps={args.env_steps // 2}",
         f"runtime.output_dir={tmp}/runs",
     ])
-    obs_dim, act_dim = env_dims(spec)
+    obs, act_dim = env_dims(spec)
+    obs_dim = obs.full
     row_bytes = 4 * (2 * obs_dim + act_dim + 5)  # float32: obs, next_obs, action and 5 scalar fields
     replay_mb = spec.algo.buffer_size * row_bytes / MB
     # started here, first, so the sampler can see it; Trainer.run's cluster.connect reuses it

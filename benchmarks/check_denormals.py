@@ -70,7 +70,8 @@ def main() -> None:
     spec_file = SPECS / ("sac_pendulum.yaml" if args.env == "pendulum" else "sac.yaml")
     spec = load_spec(spec_file, trainer_overrides(args.budget, 1000, None, Path(tempfile.mkdtemp())))
     algo = spec.algo
-    obs_dim, act_dim = env_dims(spec)
+    obs, act_dim = env_dims(spec)
+    obs_dim = obs.full
     runner, learner = EnvRunner(spec, 0), Learner(spec, obs_dim, act_dim)
     replay = ReplayBuffer(algo.buffer_size, obs_dim, act_dim, seed=spec.seed)
     runner.set_weights(*learner.policy_state())

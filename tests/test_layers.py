@@ -145,7 +145,8 @@ WITHOUT_RAY = textwrap.dedent(
 
     small = ["algo.actor_hidden_dims=[16]", "algo.critic_hidden_dims=[16]", "algo.batch_size=4"]
     spec = load_spec("specs/sac.yaml", ["runners.envs_per_runner=2", *small])
-    obs_dim, act_dim = env_dims(spec)
+    obs, act_dim = env_dims(spec)
+    obs_dim = obs.full
     runner = EnvRunner(spec, index=0)
     warm_up, stats = runner.sample(5, random_actions=True)
     acting, _ = runner.sample(5, random_actions=False)

@@ -10,6 +10,7 @@ import pytest
 import ray
 import torch
 
+from aa_ray.algos.common import ObsDims
 from aa_ray.algos.ppo import PPO, Rollout, adapt_lr, clipped_surrogate_loss, explained_variance, gae, spo_loss
 from aa_ray.runtime.env_runner import EnvRunner
 from aa_ray.runtime.learner import Learner
@@ -100,7 +101,7 @@ def test_update_adapts_the_lr_toward_the_kl_target(rollout: tuple[dict, dict, En
     lrs = {}
     for desired_kl in (1e-7, 10.0):
         torch.manual_seed(0)
-        algo = PPO(ppo_spec(f"algo.desired_kl={desired_kl}").algo, 10, 2, torch.device("cpu"))
+        algo = PPO(ppo_spec(f"algo.desired_kl={desired_kl}").algo, ObsDims.of(10), 2, torch.device("cpu"))
         info = algo.update(Rollout.from_numpy(data, torch.device("cpu")))
         lrs[desired_kl] = float(info["actor/lr"])
         assert algo.optimizer.param_groups[1]["lr"] == pytest.approx(1e-3)

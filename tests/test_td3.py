@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from aa_ray.algos.common import Batch
+from aa_ray.algos.common import Batch, ObsDims
 from aa_ray.algos.td3 import TD3, TD3Config, make_policy, smoothed_target_action
 from aa_ray.runtime.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from aa_ray.runtime.env_runner import EnvRunner
@@ -23,7 +23,7 @@ OBS_DIM, ACT_DIM = 3, 2
 def small_td3(**knobs) -> TD3:
     torch.manual_seed(0)
     cfg = TD3Config(actor_hidden_dims=[16], critic_hidden_dims=[16], batch_size=8, **knobs)
-    return TD3(cfg, OBS_DIM, ACT_DIM, torch.device("cpu"))
+    return TD3(cfg, ObsDims.of(OBS_DIM), ACT_DIM, torch.device("cpu"))
 
 
 def random_batch(num_batches: int, batch_size: int = 8, seed: int = 0) -> Batch:
@@ -116,7 +116,7 @@ def test_diagnostics_report_the_last_critic_and_actor_steps() -> None:
 def test_exploration_noise_only_when_not_deterministic() -> None:
     torch.manual_seed(0)
     policy = make_policy(TD3Config(actor_hidden_dims=[16],
-        critic_hidden_dims=[16], exploration_noise=0.1), OBS_DIM, ACT_DIM)
+        critic_hidden_dims=[16], exploration_noise=0.1), ObsDims.of(OBS_DIM), ACT_DIM)
     obs = np.random.default_rng(0).normal(size=(4000, OBS_DIM)).astype(np.float32)
     greedy = policy.act(obs, deterministic=True)
     np.testing.assert_array_equal(greedy, policy.act(obs, deterministic=True))
@@ -130,11 +130,11 @@ def test_exploration_noise_only_when_not_deterministic() -> None:
     assert abs(float((noisy - greedy)[inside].mean())) < 0.01
 
     loud = make_policy(TD3Config(actor_hidden_dims=[16],
-        critic_hidden_dims=[16], exploration_noise=5.0), OBS_DIM, ACT_DIM)
+        critic_hidden_dims=[16], exploration_noise=5.0), ObsDims.of(OBS_DIM), ACT_DIM)
     actions = loud.act(obs, deterministic=False, generator=torch.Generator().manual_seed(2))
     assert actions.min() == -1.0 and actions.max() == 1.0  # clipped to the box, and it does get there
     silent = make_policy(TD3Config(actor_hidden_dims=[16],
-        critic_hidden_dims=[16], exploration_noise=0.0), OBS_DIM, ACT_DIM)
+        critic_hidden_dims=[16], exploration_noise=0.0), ObsDims.of(OBS_DIM), ACT_DIM)
     np.testing.assert_array_equal(silent.act(obs, deterministic=False), silent.act(obs, deterministic=True))
 
 

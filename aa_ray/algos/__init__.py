@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from aa_ray.algos import ppo, sac, sac_dist, sac_dist_simba, sac_simba, td3
+from aa_ray.algos.common import ObsDims
 
 if TYPE_CHECKING:  # aa_ray.envs imports the spec loader, which imports the algorithms
     from aa_ray.envs.symmetry import Mirror
@@ -16,8 +17,8 @@ if TYPE_CHECKING:  # aa_ray.envs imports the spec loader, which imports the algo
 
 class Registered(NamedTuple):
     config: type  # the pydantic config, discriminated by its `name` literal
-    algorithm: type  # built as algorithm(config, obs_dim, act_dim, device, planned_steps)
-    make_policy: Any  # (config, obs_dim, act_dim) -> the acting module env runners load
+    algorithm: type  # built as algorithm(config, obs, act_dim, device, planned_steps); obs: ObsDims
+    make_policy: Any  # (config, obs, act_dim) -> the acting module env runners load
     on_policy: bool = False  # learns from fresh rollouts (no replay), e.g. PPO
 
 
@@ -34,22 +35,22 @@ ALGORITHMS: dict[str, Registered] = {
 
 
 def build_algorithm(
-    cfg: Any, obs_dim: int, act_dim: int, device: torch.device, planned_steps: int, mirror: Mirror | None = None
+    cfg: Any, obs: ObsDims | int, act_dim: int, device: torch.device, planned_steps: int, mirror: Mirror | None = None
 ) -> Any:
     """`mirror`: the env's, with `algo.sym_aug`. An on-policy algorithm mirrors its own minibatches
     (PPO adds a symmetry loss); off-policy ones get replay batches the learner has already doubled."""
     registered = ALGORITHMS[cfg.name]
     if registered.on_policy:
-        return registered.algorithm(cfg, obs_dim, act_dim, device, planned_steps, mirror)
-    return registered.algorithm(cfg, obs_dim, act_dim, device, planned_steps)
+        return registered.algorithm(cfg, ObsDims.of(obs), act_dim, device, planned_steps, mirror)
+    return registered.algorithm(cfg, ObsDims.of(obs), act_dim, device, planned_steps)
 
 
 def is_on_policy(cfg: Any) -> bool:
     return ALGORITHMS[cfg.name].on_policy
 
 
-def build_policy(cfg: Any, obs_dim: int, act_dim: int) -> nn.Module:
-    return ALGORITHMS[cfg.name].make_policy(cfg, obs_dim, act_dim)
+def build_policy(cfg: Any, obs: ObsDims | int, act_dim: int) -> nn.Module:
+    return ALGORITHMS[cfg.name].make_policy(cfg, ObsDims.of(obs), act_dim)
 
 
 # knobs renamed by the redesign (one naming scheme across variants): algo -> old name -> what to write now

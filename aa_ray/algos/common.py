@@ -9,6 +9,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from aa_ray.nets.policy import ObsDims
+
+__all__ = ["Batch", "ObsDims", "tensors_to_cpu"]
+
 
 class Batch(NamedTuple):
     """Replay samples as tensors. Leading dims are (updates, batch) for a stacked batch."""

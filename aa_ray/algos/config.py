@@ -18,7 +18,22 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_va
 from aa_ray.spec.base import SpecModel
 
 
-class OffPolicyKnobs(SpecModel):
+class ObservationGroups(SpecModel):
+    """Which keys of a Dict observation the actor and the critic read (aa_ray/envs/obs_groups.py)."""
+
+    actor_obs: list[str] | None = Field(
+        None,
+        description="Dict observations: the keys the actor (the deployed policy) reads, e.g. [proprio, command]; "
+        "null = every key. Leave out for a flat Box env",
+    )
+    critic_obs: list[str] | None = Field(
+        None,
+        description="Dict observations: the keys the critic reads, the actor's and more (privileged state, e.g. "
+        "[proprio, command, privileged]); null = the actor's keys",
+    )
+
+
+class OffPolicyKnobs(ObservationGroups):
     """Replay, the TD regression, and how a gradient step is taken: every off-policy variant."""
 
     gamma: float = Field(0.99, gt=0, le=1, description="discount factor")

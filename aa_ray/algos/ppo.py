@@ -33,16 +33,17 @@ from torch import Tensor, nn
 from aa_ray import ddp
 from aa_ray import metric_names as m
 from aa_ray.algos.bookkeeping import Bookkeeping
-from aa_ray.algos.config import LearningRates
+from aa_ray.algos.config import LearningRates, ObservationGroups
 from aa_ray.algos.contract import Health
 from aa_ray.algos.knobs import LinearLRSchedule, RewardNormalizer, count_skip_, fused_adam, step_if_
 from aa_ray.nets.actor_critic import GaussianActorCritic
+from aa_ray.nets.policy import ObsDims
 
 if TYPE_CHECKING:  # aa_ray.envs imports the spec loader, which imports the algorithms
     from aa_ray.envs.symmetry import Mirror
 
 
-class PPOConfig(LearningRates):
+class PPOConfig(LearningRates, ObservationGroups):
     name: Literal["ppo"] = "ppo"
     gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
     gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda")
@@ -96,9 +97,9 @@ class PPOConfig(LearningRates):
         return self.clip_param if isinstance(self.clip_param, tuple) else (self.clip_param, self.clip_param)
 
 
-def make_policy(cfg: PPOConfig, obs_dim: int, act_dim: int) -> GaussianActorCritic:
+def make_policy(cfg: PPOConfig, obs: ObsDims, act_dim: int) -> GaussianActorCritic:
     return GaussianActorCritic(
-        obs_dim, act_dim, cfg.actor_hidden_dims, cfg.critic_hidden_dims, cfg.normalize_obs, cfg.init_log_std
+        obs, act_dim, cfg.actor_hidden_dims, cfg.critic_hidden_dims, cfg.normalize_obs, cfg.init_log_std
     )
 
 
@@ -173,14 +174,14 @@ def explained_variance(prediction: Tensor, target: Tensor) -> Tensor:
 
 class PPO(Bookkeeping):
     def __init__(
-        self, cfg: PPOConfig, obs_dim: int, act_dim: int, device: torch.device, planned_steps: int = 0,
+        self, cfg: PPOConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int = 0,
         mirror: Mirror | None = None,
     ):
         if cfg.sym_aug and mirror is None:
             raise ValueError("algo.sym_aug: PPO needs the env's mirror (aa_ray.envs.symmetry.sym_aug_mirror)")
         self.cfg, self.device = cfg, device
         self.mirror = mirror if cfg.sym_aug else None
-        self.policy = make_policy(cfg, obs_dim, act_dim).to(device)
+        self.policy = make_policy(cfg, obs, act_dim).to(device)
         self.reward_norm = RewardNormalizer(cfg.normalize_reward).to(device)
         # param_groups[0] is the actor (its lr adapts to the KL), [1] the critic
         self.optimizer = fused_adam([
@@ -248,7 +249,7 @@ class PPO(Bookkeeping):
         if mirrored_obs is not None:  # sym_aug: [rows; their mirror images], which share log-probs and targets
             obs, action = torch.cat([obs, mirrored_obs]), torch.cat([action, mirrored_action])
             old_log_prob, advantage, value_target = (torch.cat([x, x]) for x in (old_log_prob, advantage, value_target))
-        log_prob, entropy, mean = self.actor_ddp(obs, action)
+        log_prob, entropy, mean = self.actor_ddp(obs[..., : self.policy.actor_features], action)
         log_ratio = log_prob - old_log_prob
         ratio = log_ratio.exp()
         if self.cfg.spo:

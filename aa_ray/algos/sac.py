@@ -25,7 +25,7 @@ from aa_ray import ddp
 from aa_ray import metric_names as m
 from aa_ray.algos import config, soft_updates
 from aa_ray.algos.bookkeeping import Bookkeeping
-from aa_ray.algos.common import Batch
+from aa_ray.algos.common import Batch, ObsDims
 from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, RewardNormalizer, every_group, fused_adam, make_optimizer
 from aa_ray.nets.mlp import EnsembleQ, MLPActor, MLPValue
 from aa_ray.nets.policy import SquashedGaussianPolicy
@@ -38,17 +38,17 @@ class SACConfig(
     name: Literal["sac"] = "sac"
 
 
-def make_policy(cfg: SACConfig, obs_dim: int, act_dim: int) -> SquashedGaussianPolicy:
-    return SquashedGaussianPolicy(MLPActor(obs_dim, act_dim, cfg.actor_hidden_dims), obs_dim, cfg.normalize_obs)
+def make_policy(cfg: SACConfig, obs: ObsDims, act_dim: int) -> SquashedGaussianPolicy:
+    return SquashedGaussianPolicy(MLPActor(obs.actor, act_dim, cfg.actor_hidden_dims), obs, cfg.normalize_obs)
 
 
 class SAC(Bookkeeping):
-    def __init__(self, cfg: SACConfig, obs_dim: int, act_dim: int, device: torch.device, planned_steps: int = 0):
+    def __init__(self, cfg: SACConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int = 0):
         self.cfg = cfg
-        self.policy = make_policy(cfg, obs_dim, act_dim).to(device)
-        self.critic = EnsembleQ(obs_dim, act_dim, cfg.critic_hidden_dims, 2, layer_norm=cfg.layer_norm).to(device)
+        self.policy = make_policy(cfg, obs, act_dim).to(device)
+        self.critic = EnsembleQ(obs.full, act_dim, cfg.critic_hidden_dims, 2, layer_norm=cfg.layer_norm).to(device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        self.value = MLPValue(obs_dim, cfg.critic_hidden_dims).to(device) if cfg.learn_v else None
+        self.value = MLPValue(obs.full, cfg.critic_hidden_dims).to(device) if cfg.learn_v else None
         self.log_alpha, self.target_entropy = soft_updates.temperature(cfg, act_dim, device)
         self.reward_norm = RewardNormalizer(cfg.normalize_reward).to(device)
 

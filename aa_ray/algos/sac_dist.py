@@ -27,7 +27,7 @@ from aa_ray import ddp
 from aa_ray import metric_names as m
 from aa_ray.algos import config, soft_updates
 from aa_ray.algos.bookkeeping import Bookkeeping
-from aa_ray.algos.common import Batch
+from aa_ray.algos.common import Batch, ObsDims
 from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, every_group, fused_adam, make_optimizer
 from aa_ray.nets.distributional import EnsembleCategoricalQ, expected_value, make_support
 from aa_ray.nets.mlp import MLPActor
@@ -41,16 +41,16 @@ class SACDistConfig(
     name: Literal["sac_dist"] = "sac_dist"
 
 
-def make_policy(cfg: SACDistConfig, obs_dim: int, act_dim: int) -> SquashedGaussianPolicy:
-    return SquashedGaussianPolicy(MLPActor(obs_dim, act_dim, cfg.actor_hidden_dims), obs_dim, cfg.normalize_obs)
+def make_policy(cfg: SACDistConfig, obs: ObsDims, act_dim: int) -> SquashedGaussianPolicy:
+    return SquashedGaussianPolicy(MLPActor(obs.actor, act_dim, cfg.actor_hidden_dims), obs, cfg.normalize_obs)
 
 
 class SACDist(Bookkeeping):
-    def __init__(self, cfg: SACDistConfig, obs_dim: int, act_dim: int, device: torch.device, planned_steps: int = 0):
+    def __init__(self, cfg: SACDistConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int = 0):
         self.cfg = cfg
-        self.policy = make_policy(cfg, obs_dim, act_dim).to(device)
+        self.policy = make_policy(cfg, obs, act_dim).to(device)
         self.critic = EnsembleCategoricalQ(
-            obs_dim, act_dim, cfg.critic_hidden_dims, cfg.num_atoms, num_critics=2, layer_norm=cfg.layer_norm
+            obs.full, act_dim, cfg.critic_hidden_dims, cfg.num_atoms, num_critics=2, layer_norm=cfg.layer_norm
         ).to(device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.support = make_support(cfg.num_atoms, cfg.v_min, cfg.v_max, device)

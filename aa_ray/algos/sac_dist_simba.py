@@ -25,7 +25,7 @@ from aa_ray import ddp
 from aa_ray import metric_names as m
 from aa_ray.algos import config, soft_updates
 from aa_ray.algos.bookkeeping import Bookkeeping
-from aa_ray.algos.common import Batch
+from aa_ray.algos.common import Batch, ObsDims
 from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, every_group, fused_adam, make_optimizer
 from aa_ray.nets.distributional import SimbaV2CategoricalCritic, expected_value, make_support
 from aa_ray.nets.policy import SquashedGaussianPolicy
@@ -42,20 +42,20 @@ class SACDistSimbaConfig(
     v_max: float = Field(5.0, description="highest atom; the reward scaling maps max|G| to min(-v_min, v_max)")
 
 
-def make_policy(cfg: SACDistSimbaConfig, obs_dim: int, act_dim: int) -> SquashedGaussianPolicy:
-    actor = SimbaV2Actor(obs_dim, act_dim, cfg.actor_hidden_dim, cfg.actor_num_blocks)
-    return SquashedGaussianPolicy(actor, obs_dim, cfg.normalize_obs)
+def make_policy(cfg: SACDistSimbaConfig, obs: ObsDims, act_dim: int) -> SquashedGaussianPolicy:
+    actor = SimbaV2Actor(obs.actor, act_dim, cfg.actor_hidden_dim, cfg.actor_num_blocks)
+    return SquashedGaussianPolicy(actor, obs, cfg.normalize_obs)
 
 
 class SACDistSimba(Bookkeeping):
     def __init__(
-        self, cfg: SACDistSimbaConfig, obs_dim: int, act_dim: int, device: torch.device, planned_steps: int = 0
+        self, cfg: SACDistSimbaConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int = 0
     ):
         self.cfg = cfg
-        self.policy = make_policy(cfg, obs_dim, act_dim).to(device)
+        self.policy = make_policy(cfg, obs, act_dim).to(device)
         self.support = make_support(cfg.num_atoms, cfg.v_min, cfg.v_max, device)
         self.critic = SimbaV2CategoricalCritic(
-            obs_dim, act_dim, cfg.critic_hidden_dim, cfg.critic_num_blocks, cfg.num_atoms
+            obs.full, act_dim, cfg.critic_hidden_dim, cfg.critic_num_blocks, cfg.num_atoms
         ).to(device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha, self.target_entropy = soft_updates.temperature(cfg, act_dim, device)

@@ -22,7 +22,7 @@ from aa_ray import ddp
 from aa_ray import metric_names as m
 from aa_ray.algos import config, soft_updates
 from aa_ray.algos.bookkeeping import Bookkeeping
-from aa_ray.algos.common import Batch
+from aa_ray.algos.common import Batch, ObsDims
 from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, RewardNormalizer, every_group, fused_adam, make_optimizer
 from aa_ray.nets.policy import SquashedGaussianPolicy
 from aa_ray.nets.simba import SimbaV2Actor, SimbaV2Critic, SimbaV2Value, normalize_weights_
@@ -35,19 +35,19 @@ class SACSimbaConfig(
     name: Literal["sac_simba"] = "sac_simba"
 
 
-def make_policy(cfg: SACSimbaConfig, obs_dim: int, act_dim: int) -> SquashedGaussianPolicy:
-    actor = SimbaV2Actor(obs_dim, act_dim, cfg.actor_hidden_dim, cfg.actor_num_blocks)
-    return SquashedGaussianPolicy(actor, obs_dim, cfg.normalize_obs)
+def make_policy(cfg: SACSimbaConfig, obs: ObsDims, act_dim: int) -> SquashedGaussianPolicy:
+    actor = SimbaV2Actor(obs.actor, act_dim, cfg.actor_hidden_dim, cfg.actor_num_blocks)
+    return SquashedGaussianPolicy(actor, obs, cfg.normalize_obs)
 
 
 class SACSimba(Bookkeeping):
-    def __init__(self, cfg: SACSimbaConfig, obs_dim: int, act_dim: int, device: torch.device, planned_steps: int = 0):
+    def __init__(self, cfg: SACSimbaConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int = 0):
         self.cfg = cfg
-        self.policy = make_policy(cfg, obs_dim, act_dim).to(device)
-        self.critic = SimbaV2Critic(obs_dim, act_dim, cfg.critic_hidden_dim, cfg.critic_num_blocks).to(device)
+        self.policy = make_policy(cfg, obs, act_dim).to(device)
+        self.critic = SimbaV2Critic(obs.full, act_dim, cfg.critic_hidden_dim, cfg.critic_num_blocks).to(device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.value = (
-            SimbaV2Value(obs_dim, cfg.critic_hidden_dim, cfg.critic_num_blocks).to(device) if cfg.learn_v else None
+            SimbaV2Value(obs.full, cfg.critic_hidden_dim, cfg.critic_num_blocks).to(device) if cfg.learn_v else None
         )
         self.log_alpha, self.target_entropy = soft_updates.temperature(cfg, act_dim, device)
         self.reward_norm = RewardNormalizer(cfg.normalize_reward).to(device)

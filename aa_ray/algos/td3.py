@@ -32,7 +32,7 @@ from torch import Tensor
 from aa_ray import ddp
 from aa_ray import metric_names as m
 from aa_ray.algos.bookkeeping import Bookkeeping
-from aa_ray.algos.common import Batch
+from aa_ray.algos.common import Batch, ObsDims
 from aa_ray.algos.config import LearningRates, MLPNetworks, OffPolicyKnobs, RLPDKnobs
 from aa_ray.algos.knobs import (
     GradientStep,
@@ -64,17 +64,17 @@ class TD3Config(OffPolicyKnobs, LearningRates, RLPDKnobs, MLPNetworks):
     exploration_noise: NonNegativeFloat = Field(0.1, description="std of the Gaussian noise added when acting")
 
 
-def make_policy(cfg: TD3Config, obs_dim: int, act_dim: int) -> DeterministicPolicy:
-    actor = mlp(obs_dim, cfg.actor_hidden_dims, act_dim)  # pre-tanh action
-    return DeterministicPolicy(actor, obs_dim, cfg.normalize_obs, cfg.exploration_noise)
+def make_policy(cfg: TD3Config, obs: ObsDims, act_dim: int) -> DeterministicPolicy:
+    actor = mlp(obs.actor, cfg.actor_hidden_dims, act_dim)  # pre-tanh action
+    return DeterministicPolicy(actor, obs, cfg.normalize_obs, cfg.exploration_noise)
 
 
 class TD3(Bookkeeping):
-    def __init__(self, cfg: TD3Config, obs_dim: int, act_dim: int, device: torch.device, planned_steps: int = 0):
+    def __init__(self, cfg: TD3Config, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int = 0):
         self.cfg = cfg
-        self.policy = make_policy(cfg, obs_dim, act_dim).to(device)
+        self.policy = make_policy(cfg, obs, act_dim).to(device)
         self.actor_target = copy.deepcopy(self.policy.actor).requires_grad_(False)
-        self.critic = EnsembleQ(obs_dim, act_dim, cfg.critic_hidden_dims, 2, layer_norm=cfg.layer_norm).to(device)
+        self.critic = EnsembleQ(obs.full, act_dim, cfg.critic_hidden_dims, 2, layer_norm=cfg.layer_norm).to(device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.reward_norm = RewardNormalizer(cfg.normalize_reward).to(device)
         self.critic_updates = 0  # decides the delayed actor/target updates; checkpointed
@@ -113,7 +113,7 @@ class TD3(Bookkeeping):
         with autocast(obs.device, cfg.precision):
             # target from the slow actor with smoothing noise and the slow critics' min (clipped double-Q)
             with torch.no_grad():
-                next_action = torch.tanh(self.actor_target(next_obs)).float()
+                next_action = torch.tanh(self.actor_target(next_obs[..., : self.policy.actor_features])).float()
                 noise = ddp.randn_shard(next_action.shape, next_action.device, next_action.dtype) * cfg.target_noise
                 next_action = smoothed_target_action(next_action, noise, cfg.target_noise_clip)
                 target = reward + bootstrap * self.critic_target(next_obs, next_action).min(dim=0).values.float()

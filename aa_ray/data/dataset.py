@@ -46,6 +46,8 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
+from aa_ray.nets.policy import ObsDims
+
 FORMAT = "aa-ray transitions"
 FORMAT_VERSION = 1
 META_KEY = b"aa_ray.dataset"
@@ -348,10 +350,17 @@ def _batch_to_numpy(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
     return out
 
 
-def checked_prior_data(spec: Any, obs_dim: int, act_dim: int) -> Path | None:
+def checked_prior_data(spec: Any, obs: ObsDims | int, act_dim: int) -> Path | None:
     """`algo.prior_data`'s path (relative to the cwd), checked against the env from file footers."""
     if spec.prior_data is None:
         return None
+    obs = ObsDims.of(obs)
+    if obs.groups:
+        raise DatasetError(
+            f"algo.prior_data: env {spec.env.id} has Dict observations, and datasets hold flat observations so far; "
+            "train without algo.prior_data"
+        )
+    obs_dim = obs.full
     path = Path(spec.prior_data).expanduser().resolve()
     try:
         read_dataset(path, expect_env_id=spec.env.id, expect_obs_dim=obs_dim, expect_act_dim=act_dim)

@@ -47,13 +47,13 @@ def policy_from_checkpoint(spec: ExperimentSpec, checkpoint: str | Path) -> tupl
             f"checkpoint {payload['folder']} was trained on env {trained.env.id!r}, the spec's env is "
             f"{spec.env.id!r}; roll it out with the spec stored beside it (spec.yaml)."
         )
-    obs_dim, act_dim = env_dims(spec)
+    obs, act_dim = env_dims(spec)
     try:
-        build_policy(trained.algo, obs_dim, act_dim).load_state_dict(state)
+        build_policy(trained.algo, obs, act_dim).load_state_dict(state)
     except RuntimeError as err:
         raise CheckpointError(
             f"checkpoint {payload['folder']}: its policy does not fit env {spec.env.id} "
-            f"(obs_dim {obs_dim}, act_dim {act_dim}): {str(err).splitlines()[0]}"
+            f"(obs_dim {obs.full}, act_dim {act_dim}): {str(err).splitlines()[0]}"
         ) from None
     # validated as a whole: the checkpoint's algo must fit the rest of the spec (e.g. its runtime.mode)
     source = f"{spec.name} with the algo of checkpoint {payload['folder']}"
@@ -113,7 +113,11 @@ def rollout(
         raise RolloutError(f"--out {out} is a folder; pass the path of the .parquet file to write")
     if scripted == (checkpoint is not None):
         raise RolloutError("roll out either a checkpoint's policy or the scripted controller (exactly one)")
-    env_dims(spec)  # SpecError for an env that cannot be made or used
+    if env_dims(spec)[0].groups:  # SpecError for an env that cannot be made or used
+        raise RolloutError(
+            f"env {spec.env.id} has Dict observations, and datasets hold flat observations so far; it cannot be "
+            "rolled out into a dataset yet"
+        )
     policy_state = None
     if scripted:
         check_scripted(spec)

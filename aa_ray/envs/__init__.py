@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import gymnasium as gym
 
-from aa_ray.envs.make import RENDER_BACKEND_ERRORS, EnvSetupError, env_dims, env_kwargs, make_env, make_vector_env
+from aa_ray.envs.make import (
+    RENDER_BACKEND_ERRORS,
+    EnvSetupError,
+    env_dims,
+    env_kwargs,
+    make_env,
+    make_vector_env,
+    vector_obs_dims,
+)
 from aa_ray.envs.pusher_reach import (
     ACT_DIM,
     ENV_ID,
@@ -31,6 +39,7 @@ __all__ = [
     "make_vector_env",
     "register_envs",
     "scripted_action",
+    "vector_obs_dims",
 ]
 
 PUSHER_REACH_ID = ENV_ID

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import mujoco
 import numpy as np
 
+from aa_ray.envs.obs_groups import GroupedObservations, ObsLayoutError, obs_layout
 from aa_ray.envs.source import EnvSourceError, make_target, prepare
+from aa_ray.nets.policy import ObsDims
 from aa_ray.spec.loader import SpecError
 
 if TYPE_CHECKING:
@@ -48,12 +51,31 @@ def make_vector_env(spec: ExperimentSpec, num_envs: int, same_step_reset: bool =
         kwargs["vector_kwargs"] = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
     # "sync" keeps the E copies in this actor's process: parallelism comes from more runners
     return _made(spec, lambda: gym.make_vec(make_target(spec.env), num_envs=num_envs, vectorization_mode="sync",
-                                            **kwargs))
+                                            wrappers=[partial(grouped, spec=spec)], **kwargs))
 
 
 def make_env(spec: ExperimentSpec, **make_kwargs: Any) -> gym.Env:
     """One copy of the spec's env (e.g. `render_mode="rgb_array"` for a video); errors as `make_vector_env`."""
-    return _made(spec, lambda: gym.make(make_target(spec.env), **env_kwargs(spec), **make_kwargs))
+    return _made(spec, lambda: grouped(gym.make(make_target(spec.env), **env_kwargs(spec), **make_kwargs), spec))
+
+
+def grouped(env: gym.Env, spec: ExperimentSpec) -> gym.Env:
+    """A Dict-observation env seen as one flat vector of the keys the spec's actor and critic read
+    (`obs_groups`); any other env as it is."""
+    layout = obs_layout(env.observation_space, getattr(spec.algo, "actor_obs", None),
+                        getattr(spec.algo, "critic_obs", None))
+    return env if layout is None else GroupedObservations(env, layout)
+
+
+def vector_obs_dims(envs: gym.vector.VectorEnv) -> ObsDims:
+    """The observation features of a `make_vector_env` env: all, and those its actor reads."""
+    first = envs.envs[0]
+    while not isinstance(first, GroupedObservations) and isinstance(first, gym.Wrapper):
+        first = first.env
+    if isinstance(first, GroupedObservations):
+        return first.layout.dims
+    full = envs.single_observation_space.shape[0]
+    return ObsDims(full, full)
 
 
 def _made(spec: ExperimentSpec, make: Callable[[], Any]) -> Any:
@@ -71,21 +93,27 @@ def _made(spec: ExperimentSpec, make: Callable[[], Any]) -> Any:
         ) from err
 
 
-def env_dims(spec: ExperimentSpec) -> tuple[int, int]:
-    """(obs_dim, act_dim) of the spec's env, checked to be flat Box spaces. Builds the env once,
-    so a spec whose env cannot be made fails here, before any actor starts."""
-    envs = make_vector_env(spec, 1)
+def env_dims(spec: ExperimentSpec) -> tuple[ObsDims, int]:
+    """(observation features, act_dim) of the spec's env: a flat Box, or a Dict of Boxes read
+    through the spec's actor_obs / critic_obs; actions a flat bounded Box. Builds the env once, so
+    a spec whose env cannot be made or read fails here, before any actor starts."""
     try:
-        obs_space, act_space = envs.single_observation_space, envs.single_action_space
+        envs = make_vector_env(spec, 1)
+    except EnvSetupError as err:
+        if isinstance(err.__cause__, ObsLayoutError):  # the spec's keys, not the env, are wrong
+            raise SpecError(str(err.__cause__)) from None
+        raise
+    try:
+        obs_space, act_space, obs = envs.single_observation_space, envs.single_action_space, vector_obs_dims(envs)
     finally:
         envs.close()
     problem = None
     if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1):
-        problem = f"observations must be a flat Box, got {obs_space}"
+        problem = f"observations must be a flat Box or a Dict of flat Boxes, got {obs_space}"
     elif not (isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1):
         problem = f"actions must be a flat continuous Box, got {act_space}"
     elif not (np.all(np.isfinite(act_space.low)) and np.all(np.isfinite(act_space.high))):
         problem = f"action bounds must be finite, got {act_space}"
     if problem:
         raise SpecError(f"env.id: {spec.env.id} cannot be used with these algorithms: {problem}.")
-    return obs_space.shape[0], act_space.shape[0]
+    return obs, act_space.shape[0]

@@ -114,17 +114,28 @@ PUSHER_REACH_XML = f"""
 """
 
 
+# obs_groups=True: the flat observation's features by group
+OBS_GROUPS = {"proprio": slice(0, 6), "command": slice(6, 8), "privileged": slice(8, 10)}
+
+
 class PusherReachEnv(gym.Env[np.ndarray, np.ndarray]):
     """Planar two-link reacher; reward is minus the fingertip-target distance each step.
 
     Never terminates; the time limit (``MAX_EPISODE_STEPS``) is added by the gymnasium
     registration, so the raw class runs forever. ``width``/``height`` of rendered
     frames must not exceed the model's 640x640 offscreen buffer.
+
+    ``obs_groups=True`` returns the same features as a Dict, grouped as a robot's observations
+    are: ``proprio`` (joint cos, sin, velocities), ``command`` (the target) and ``privileged`` (the
+    fingertip's offset from the target, which a deployed policy would not measure: it must infer
+    it from its joints and the command; an asymmetric critic may read it).
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": int(round(1.0 / DT))}
 
-    def __init__(self, render_mode: str | None = None, width: int = 480, height: int = 480) -> None:
+    def __init__(
+        self, render_mode: str | None = None, width: int = 480, height: int = 480, obs_groups: bool = False
+    ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"unsupported render_mode {render_mode!r}")
         self.render_mode = render_mode
@@ -146,7 +157,13 @@ class PusherReachEnv(gym.Env[np.ndarray, np.ndarray]):
             [1.0] * 4 + [QVEL_OBS_LIMIT] * 2 + [target_max] * 2 + [reach + target_max] * 2,
             dtype=np.float32,
         )
-        self.observation_space = spaces.Box(-high, high, dtype=np.float32)
+        self.obs_groups = obs_groups
+        if obs_groups:
+            self.observation_space = spaces.Dict({
+                name: spaces.Box(-high[part], high[part], dtype=np.float32) for name, part in OBS_GROUPS.items()
+            })
+        else:
+            self.observation_space = spaces.Box(-high, high, dtype=np.float32)
 
     # ------------------------------------------------------------------ gym API
 
@@ -202,7 +219,11 @@ class PusherReachEnv(gym.Env[np.ndarray, np.ndarray]):
     def _distance(self) -> float:
         return float(np.linalg.norm(self._fingertip() - self._target))
 
-    def _obs(self) -> np.ndarray:
+    def _obs(self) -> np.ndarray | dict[str, np.ndarray]:
+        flat = self._flat_obs()
+        return {name: flat[part] for name, part in OBS_GROUPS.items()} if self.obs_groups else flat
+
+    def _flat_obs(self) -> np.ndarray:
         qpos = self.data.qpos
         return np.concatenate(
             [

@@ -34,6 +34,7 @@ import numpy as np
 from gymnasium.envs.registration import load_env_creator
 
 from aa_ray.envs.source import import_module, prepare, registered_id, resolve_entry_point
+from aa_ray.nets.policy import ObsDims
 from aa_ray.spec.loader import SpecError
 
 Array = TypeVar("Array")  # numpy arrays or torch tensors: indexing and a multiply work on both
@@ -192,11 +193,19 @@ def as_mirror(declared: Any, where: str) -> Mirror:
         raise ValueError(f"{where}: {err}") from None
 
 
-def sym_aug_mirror(spec: Any, obs_dim: int, act_dim: int) -> Mirror | None:
+def sym_aug_mirror(spec: Any, obs: ObsDims | int, act_dim: int) -> Mirror | None:
     """The mirror a run augments with (None without `algo.sym_aug`); SpecError when the env's
-    observations or actions are not the shape its mirror was written for (other env kwargs)."""
+    observations or actions are not the shape its mirror was written for (other env kwargs), or
+    are grouped (a mirror maps one flat observation)."""
     if not getattr(spec.algo, "sym_aug", False):
         return None
+    obs = ObsDims.of(obs)
+    if obs.groups:
+        raise SpecError(
+            f"algo.sym_aug: env {spec.env.id} has Dict observations ({', '.join(k for k, _ in obs.groups)}), and a "
+            "mirror maps one flat observation; set algo.sym_aug: false"
+        )
+    obs_dim = obs.full
     mirror = find_mirror(spec.env)  # the spec's validation refused envs without one
     if (mirror.obs_dim, mirror.act_dim) != (obs_dim, act_dim):
         raise SpecError(

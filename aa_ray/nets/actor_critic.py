@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from aa_ray.nets.policy import ObsNormalizer
+from aa_ray.nets.policy import ObsDims, ObsNormalizer, actor_input
 
 
 def tanh_mlp(in_dim: int, hidden_dims: Sequence[int], out_dim: int, out_gain: float) -> nn.Sequential:
@@ -63,19 +63,20 @@ class GaussianActorCritic(nn.Module):
     """normalizer -> (actor, critic). Methods take raw observations."""
 
     def __init__(
-        self, obs_dim: int, act_dim: int, actor_hidden_dims: Sequence[int], critic_hidden_dims: Sequence[int],
+        self, obs: ObsDims, act_dim: int, actor_hidden_dims: Sequence[int], critic_hidden_dims: Sequence[int],
         normalize_obs: bool, init_log_std: float = 0.0,
     ):
         super().__init__()
-        self.obs_norm = ObsNormalizer(obs_dim, enabled=normalize_obs)
-        self.actor = GaussianActor(obs_dim, act_dim, actor_hidden_dims, init_log_std)
-        self.critic = ValueCritic(obs_dim, critic_hidden_dims)
+        self.obs_norm = ObsNormalizer(obs.full, enabled=normalize_obs)
+        self.actor = GaussianActor(obs.actor, act_dim, actor_hidden_dims, init_log_std)  # the leading obs.actor
+        self.critic = ValueCritic(obs.full, critic_hidden_dims)
+        self.actor_features = obs.actor
 
     @torch.no_grad()
     def explore(self, obs: np.ndarray, generator: torch.Generator) -> tuple[np.ndarray, np.ndarray]:
         """A sampled (unclipped) action and its log-probability, for on-policy rollouts."""
         obs_t = torch.as_tensor(obs, dtype=torch.float32)
-        distribution = self.actor.distribution(self.obs_norm(obs_t))
+        distribution = self.actor.distribution(actor_input(self.obs_norm, obs_t, self.actor_features))
         noise = torch.randn(distribution.mean.shape, generator=generator)
         action = distribution.mean + distribution.stddev * noise
         return action.numpy(), distribution.log_prob(action).sum(-1).numpy()
@@ -86,7 +87,7 @@ class GaussianActorCritic(nn.Module):
 
     def deterministic_action(self, obs: Tensor) -> Tensor:
         """The mean action clipped to [-1, 1], for raw observations (evaluation, exported policies)."""
-        return self.actor.mean(self.obs_norm(obs)).clamp(-1.0, 1.0)
+        return self.actor.mean(actor_input(self.obs_norm, obs, self.actor_features)).clamp(-1.0, 1.0)
 
     @torch.no_grad()
     def act(self, obs: np.ndarray, deterministic: bool, generator: torch.Generator | None = None) -> np.ndarray:
@@ -94,6 +95,6 @@ class GaussianActorCritic(nn.Module):
         obs_t = torch.as_tensor(obs, dtype=torch.float32)
         if deterministic:
             return self.deterministic_action(obs_t).numpy()
-        distribution = self.actor.distribution(self.obs_norm(obs_t))
+        distribution = self.actor.distribution(actor_input(self.obs_norm, obs_t, self.actor_features))
         action = distribution.mean + distribution.stddev * torch.randn(distribution.mean.shape, generator=generator)
         return action.clamp(-1.0, 1.0).numpy()

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from aa_ray.nets.policy import ObsNormalizer
+from aa_ray.nets.policy import ObsDims, ObsNormalizer, actor_input
 
 
 class DeterministicPolicy(nn.Module):
@@ -18,15 +18,16 @@ class DeterministicPolicy(nn.Module):
     it comes from the config, so a checkpoint's policy weights carry no copy of it.
     """
 
-    def __init__(self, actor: nn.Module, obs_dim: int, normalize_obs: bool, exploration_noise: float):
+    def __init__(self, actor: nn.Module, obs: ObsDims, normalize_obs: bool, exploration_noise: float):
         super().__init__()
-        self.obs_norm = ObsNormalizer(obs_dim, enabled=normalize_obs)
-        self.actor = actor  # obs (normalized) -> pre-tanh action
+        self.obs_norm = ObsNormalizer(obs.full, enabled=normalize_obs)
+        self.actor = actor  # the leading obs.actor features (normalized) -> pre-tanh action
+        self.actor_features = obs.actor
         self.exploration_noise = exploration_noise
 
     def forward(self, obs: Tensor) -> Tensor:
         """The policy's action for raw observations, differentiable, for training."""
-        return torch.tanh(self.actor(self.obs_norm(obs)))
+        return torch.tanh(self.actor(actor_input(self.obs_norm, obs, self.actor_features)))
 
     def deterministic_action(self, obs: Tensor) -> Tensor:
         return self(obs)

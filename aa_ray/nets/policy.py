@@ -3,12 +3,40 @@
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from aa_ray import ddp
+
+
+class ObsDims(NamedTuple):
+    """Observation features: all of them (`full`: what replay stores and the critic reads) and the
+    leading `actor` of them that the actor reads (fewer with grouped observations, where the critic
+    also sees privileged keys: `aa_ray.envs.obs_groups`). `groups` names each key's features in
+    order, empty for a flat Box."""
+
+    actor: int
+    full: int
+    groups: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def actor_keys(self) -> tuple[str, ...]:
+        """The Dict keys the actor reads: the leading groups, `actor` features in all."""
+        keys, features = [], 0
+        for key, dim in self.groups:
+            if features == self.actor:
+                break
+            keys.append(key)
+            features += dim
+        return tuple(keys)
+
+    @classmethod
+    def of(cls, obs: ObsDims | int) -> ObsDims:
+        """A flat Box's dims from its size (tests and tools pass an int)."""
+        return obs if isinstance(obs, ObsDims) else cls(obs, obs)
 
 
 class ObsNormalizer(nn.Module):
@@ -42,10 +70,19 @@ class ObsNormalizer(nn.Module):
         self.count.copy_(total)
 
     def forward(self, obs: Tensor) -> Tensor:
+        """Normalized observations; fewer features than the statistics hold are their leading ones
+        (an actor's input, `ObsDims.actor`)."""
         if not self.enabled:
             return obs
-        normed = (obs - self.mean.to(obs.dtype)) / torch.sqrt(self.var.to(obs.dtype) + self.eps)
-        return normed.clamp(-self.clip, self.clip)
+        features = obs.shape[-1]
+        mean, var = self.mean[:features].to(obs.dtype), self.var[:features].to(obs.dtype)
+        return ((obs - mean) / torch.sqrt(var + self.eps)).clamp(-self.clip, self.clip)
+
+
+def actor_input(obs_norm: ObsNormalizer, obs: Tensor, features: int) -> Tensor:
+    """What an actor reads of raw observations (..., full or actor features): the leading `features`,
+    normalized."""
+    return obs_norm(obs[..., :features])
 
 
 def squashed_gaussian_sample(
@@ -69,26 +106,27 @@ def squashed_gaussian_sample(
 class SquashedGaussianPolicy(nn.Module):
     """normalizer -> actor (mean, log_std) -> tanh; actions in [-1, 1]."""
 
-    def __init__(self, actor: nn.Module, obs_dim: int, normalize_obs: bool):
+    def __init__(self, actor: nn.Module, obs: ObsDims, normalize_obs: bool):
         super().__init__()
-        self.obs_norm = ObsNormalizer(obs_dim, enabled=normalize_obs)
+        self.obs_norm = ObsNormalizer(obs.full, enabled=normalize_obs)
         self.actor = actor
+        self.actor_features = obs.actor  # a plain number: the weights a checkpoint holds do not change
 
     def forward(self, obs: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """A sampled action and its log-prob, for training (obs are raw)."""
-        mean, log_std = self.actor(self.obs_norm(obs))
+        mean, log_std = self.actor(actor_input(self.obs_norm, obs, self.actor_features))
         return squashed_gaussian_sample(mean, log_std, generator)
 
     def deterministic_action(self, obs: Tensor) -> Tensor:
         """The squashed mean in [-1, 1], for raw observations (evaluation, exported policies)."""
-        return torch.tanh(self.actor(self.obs_norm(obs))[0])
+        return torch.tanh(self.actor(actor_input(self.obs_norm, obs, self.actor_features))[0])
 
     @torch.no_grad()
     def act(self, obs: np.ndarray, deterministic: bool, generator: torch.Generator | None = None) -> np.ndarray:
         obs_t = torch.as_tensor(obs, dtype=torch.float32)
         if deterministic:
             return self.deterministic_action(obs_t).numpy()
-        mean, log_std = self.actor(self.obs_norm(obs_t))
+        mean, log_std = self.actor(actor_input(self.obs_norm, obs_t, self.actor_features))
         return squashed_gaussian_sample(mean, log_std, generator)[0].numpy()
 
 

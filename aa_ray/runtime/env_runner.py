@@ -14,10 +14,11 @@ import torch
 from aa_ray import metric_names as m
 from aa_ray import seeding
 from aa_ray.algos import build_policy
+from aa_ray.algos.common import ObsDims
 from aa_ray.algos.knobs import return_moments
 from aa_ray.data import dataset as ds
 from aa_ray.data.scripted import scripted_controllers
-from aa_ray.envs import RENDER_BACKEND_ERRORS, SUCCESS_DISTANCE, make_env, make_vector_env
+from aa_ray.envs import RENDER_BACKEND_ERRORS, SUCCESS_DISTANCE, make_env, make_vector_env, vector_obs_dims
 from aa_ray.runtime.env_state import pack, restore_vector_env, snapshot_vector_env, unpack
 from aa_ray.runtime.metrics import RunMetrics, run_tag
 from aa_ray.runtime.nstep import NStepWindow
@@ -105,10 +106,8 @@ class EnvRunner:
         self.envs = make_vector_env(spec, self.num_envs, same_step_reset=spec.on_policy)
         act_space = self.envs.single_action_space
         self.act_low, self.act_high = act_space.low.astype(np.float32), act_space.high.astype(np.float32)
-        obs_dim, act_dim = self.envs.single_observation_space.shape[0], act_space.shape[0]
-        self.act_dim = act_dim
-
-        self.policy = build_policy(spec.algo, obs_dim, act_dim)
+        self.obs_dims, self.act_dim = vector_obs_dims(self.envs), act_space.shape[0]
+        self.policy = build_policy(spec.algo, self.obs_dims, self.act_dim)
         self.policy_version = -1
         # a restarted runner (incarnation > 0) gets streams of its own, not its predecessor's episodes
         self.incarnation = incarnation
@@ -127,9 +126,10 @@ class EnvRunner:
         self.metrics = RunMetrics(run_tag(spec), runner=index)
         self.weights_s = 0.0  # loading policy weights since the last chunk (the publish phase)
 
-    def env_dims(self) -> tuple[int, int]:
-        """(obs_dim, act_dim) of the env this runner made: the driver checks them against its own."""
-        return self.envs.single_observation_space.shape[0], self.act_dim
+    def env_dims(self) -> tuple[ObsDims, int]:
+        """The observation features and act_dim of the env this runner made: the driver checks them
+        against its own."""
+        return self.obs_dims, self.act_dim
 
     def close(self) -> None:
         """Close the envs (an actor's process ending does it too; in-process users call this)."""

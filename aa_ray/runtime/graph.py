@@ -30,6 +30,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from aa_ray.algos.common import ObsDims
 from aa_ray.algos.knobs import return_moments
 from aa_ray.runtime.checkpoint import REPLAY_FILE
 from aa_ray.runtime.cluster import RayActors
@@ -65,9 +66,9 @@ class ActorGraph:
     group (inside a Tune trial: takes the trial's; inline: none); `start` makes the actors, `close`
     ends both."""
 
-    def __init__(self, spec: ExperimentSpec, obs_dim: int, act_dim: int, prior_path: Path | None = None):
+    def __init__(self, spec: ExperimentSpec, obs: ObsDims, act_dim: int, prior_path: Path | None = None):
         self.spec = spec
-        self.obs_dim, self.act_dim, self.prior_path = obs_dim, act_dim, prior_path
+        self.obs, self.act_dim, self.prior_path = obs, act_dim, prior_path
         self.actors = actor_backend(spec)
         self.learners: list[Any] = []
         self.runners: list[Any] = []
@@ -86,7 +87,7 @@ class ActorGraph:
         spec = self.spec
         self.learners = [
             self.actors.start(
-                Learner, spec, self.obs_dim, self.act_dim, rank,
+                Learner, spec, self.obs, self.act_dim, rank,
                 bundle=rank, num_cpus=spec.learners.cpus_per_learner, num_gpus=spec.learners.gpus_per_learner,
             )
             for rank in range(spec.learners.num_learners)
@@ -95,7 +96,8 @@ class ActorGraph:
         self._check_runner_envs()
         if not spec.on_policy:
             self.replay = self.actors.start(
-                ReplayBuffer, spec.algo.buffer_size, self.obs_dim, self.act_dim, seed=spec.seed, run=run_tag(spec),
+                ReplayBuffer, spec.algo.buffer_size, self.obs.full, self.act_dim, seed=spec.seed, run=run_tag(spec),
+                obs_groups=self.obs.groups,
                 bundle=spec.learners.num_learners + spec.runners.num_runners, num_cpus=spec.runtime.replay_cpus,
             )
         if len(self.learners) > 1:  # Ray only: the spec refuses several learners inline
@@ -113,11 +115,11 @@ class ActorGraph:
         package (or with another version of it) fails here, naming the runner's own error, before
         any training (ActorStartFailed is never retried)."""
         for index, dims in enumerate(get_results([runner.env_dims.remote() for runner in self.runners])):
-            if tuple(dims) != (self.obs_dim, self.act_dim):
+            if tuple(dims) != (self.obs, self.act_dim):
                 raise TrainingError(
-                    f"env runner {index} made {self.spec.env.id} with (obs_dim, act_dim) {tuple(dims)}, but the driver "
-                    f"made it with {(self.obs_dim, self.act_dim)}: the workers have another version of the env's code; "
-                    "ship it with env.py_modules (or ray job submit --working-dir)"
+                    f"env runner {index} made {self.spec.env.id} with observations {dims[0]} and {dims[1]} actions, "
+                    f"but the driver made it with {self.obs} and {self.act_dim}: the workers have another version of "
+                    "the env's code; ship it with env.py_modules (or ray job submit --working-dir)"
                 )
 
     def _make_runner(self, index: int, incarnation: int = 0) -> Any:

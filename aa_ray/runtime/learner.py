@@ -28,7 +28,7 @@ import torch.distributed as dist
 from aa_ray import metric_names as m
 from aa_ray import seeding
 from aa_ray.algos import build_algorithm
-from aa_ray.algos.common import Batch
+from aa_ray.algos.common import Batch, ObsDims
 from aa_ray.algos.contract import Algorithm, diagnostics_to_floats
 from aa_ray.algos.ppo import Rollout
 from aa_ray.envs.symmetry import augment, sym_aug_mirror
@@ -68,9 +68,9 @@ def planned_fleet_steps(spec: ExperimentSpec) -> int:
 
 
 class Learner:
-    def __init__(self, spec: ExperimentSpec, obs_dim: int, act_dim: int, rank: int = 0):
+    def __init__(self, spec: ExperimentSpec, obs_dim: ObsDims | int, act_dim: int, rank: int = 0):
         torch.set_num_threads(spec.learners.torch_threads)
-        self.spec, self.obs_dim, self.act_dim = spec, obs_dim, act_dim
+        self.spec, self.obs, self.act_dim = spec, ObsDims.of(obs_dim), act_dim
         self.rank, self.world_size = rank, spec.learners.num_learners
         self.device = learner_device(spec)
         if self.device.type == "cuda":  # TF32 matmuls and convolutions, or full fp32
@@ -80,7 +80,7 @@ class Learner:
         self.compiled = compiles(spec, self.device)
         self.compile_checked = not self.compiled  # the first compiled update is guarded (`_eager_if_compiling_fails`)
         self.feed = DeviceFeed(self.device)
-        self.mirror = sym_aug_mirror(spec, obs_dim, act_dim)
+        self.mirror = sym_aug_mirror(spec, self.obs, act_dim)
         self.weights_version = 0
         self.critic_updates = 0
         self.algo: Algorithm | None = None  # built once this learner is in its process group
@@ -122,7 +122,7 @@ class Learner:
         # the same seed on every rank: their sampling noise stays in lockstep
         torch.manual_seed(seeding.learner_seed(self.spec.seed))
         self.algo = build_algorithm(
-            self.spec.algo, self.obs_dim, self.act_dim, self.device, planned_fleet_steps(self.spec), self.mirror
+            self.spec.algo, self.obs, self.act_dim, self.device, planned_fleet_steps(self.spec), self.mirror
         )
         if self.compiled:
             # compiled sampling noise draws from torch's generator as eager does, so the two match

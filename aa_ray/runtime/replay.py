@@ -33,10 +33,16 @@ class ReplayBuffer:
     never evicted, and is not saved with checkpoints (a resumed run reloads it from the dataset).
     """
 
-    def __init__(self, capacity: int, obs_dim: int, act_dim: int, seed: int, run: str | None = None):
-        """`seed` is the spec's seed: the buffer samples from its own stream of it (`seeding.replay_rng`)."""
+    def __init__(
+        self, capacity: int, obs_dim: int, act_dim: int, seed: int, run: str | None = None,
+        obs_groups: tuple[tuple[str, int], ...] = (),
+    ):
+        """`seed` is the spec's seed: the buffer samples from its own stream of it (`seeding.replay_rng`).
+        `obs_groups`: a Dict observation's (key, features) in the order the flat observation holds
+        them (`aa_ray.envs.obs_groups`); the saved table keeps one column per key."""
         self.capacity = capacity
         self.obs_dim, self.act_dim = obs_dim, act_dim
+        self.obs_groups = tuple(obs_groups)
         self.storage = {
             "obs": np.zeros((capacity, obs_dim), np.float32),
             "action": np.zeros((capacity, act_dim), np.float32),
@@ -151,16 +157,27 @@ class ReplayBuffer:
         columns = {}
         for name in FIELDS:
             data = self.storage[name][: self.size]
-            if data.ndim == 2:
-                columns[name] = pa.FixedSizeListArray.from_arrays(pa.array(data.reshape(-1)), data.shape[1])
-            else:
-                columns[name] = pa.array(data)
+            for column, part in self._stored_columns(name, data):
+                if part.ndim == 2:
+                    columns[column] = pa.FixedSizeListArray.from_arrays(pa.array(part.reshape(-1)), part.shape[1])
+                else:
+                    columns[column] = pa.array(part)
         table = pa.table(columns)
         meta = {
             b"aa_ray.replay": f"{self.obs_dim},{self.act_dim}".encode(),
             b"aa_ray.cursor": str(self.cursor).encode(),
         }
         return table.replace_schema_metadata(meta)
+
+    def _stored_columns(self, name: str, data: np.ndarray) -> list[tuple[str, np.ndarray]]:
+        """The table columns of a field: one, or for grouped observations one per key (`obs/proprio`, ...)."""
+        if name not in ("obs", "next_obs") or not self.obs_groups:
+            return [(name, data)]
+        columns, start = [], 0
+        for key, dim in self.obs_groups:
+            columns.append((f"{name}/{key}", data[:, start:start + dim]))
+            start += dim
+        return columns
 
     def load_table(self, table: pa.Table, state: dict | None = None, source: str = "replay table") -> None:
         """Refill the buffer from `to_table()`'s output (read from `source`, named in errors)."""
@@ -174,11 +191,14 @@ class ReplayBuffer:
         if n > self.capacity:
             raise ValueError(f"replay file {source} holds {n} transitions, more than the capacity {self.capacity}")
         for name in FIELDS:
-            column = table.column(name).combine_chunks()
-            if isinstance(column.type, pa.FixedSizeListType):
-                self.storage[name][:n] = column.flatten().to_numpy().reshape(n, column.type.list_size)
-            else:
-                self.storage[name][:n] = column.to_numpy()
+            parts = []
+            for column_name, _ in self._stored_columns(name, self.storage[name][:0]):
+                column = table.column(column_name).combine_chunks()
+                if isinstance(column.type, pa.FixedSizeListType):
+                    parts.append(column.flatten().to_numpy().reshape(n, column.type.list_size))
+                else:
+                    parts.append(column.to_numpy())
+            self.storage[name][:n] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
         self.size = self.total_added = n
         self.cursor = int(table.schema.metadata.get(b"aa_ray.cursor", str(n % self.capacity).encode()))
         if state is not None:

@@ -40,6 +40,7 @@ import torch
 
 from aa_ray import metric_names as m
 from aa_ray.algos import build_algorithm
+from aa_ray.algos.common import ObsDims
 from aa_ray.data.dataset import checked_prior_data
 from aa_ray.envs import env_dims
 from aa_ray.envs.symmetry import sym_aug_mirror
@@ -130,15 +131,15 @@ class Trainer:
 
     # ---- the run -------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        obs_dim, act_dim = env_dims(self.spec)  # a spec whose env cannot be made stops here
-        sym_aug_mirror(self.spec, obs_dim, act_dim)  # so does a mirror that does not fit the env's kwargs
-        prior_path = checked_prior_data(self.spec, obs_dim, act_dim)  # so does a dataset that does not fit it
-        replay_table = self._check_resume(obs_dim, act_dim) if self.resume is not None else None
+        obs, act_dim = env_dims(self.spec)  # a spec whose env cannot be made stops here
+        sym_aug_mirror(self.spec, obs, act_dim)  # so does a mirror that does not fit the env's kwargs
+        prior_path = checked_prior_data(self.spec, obs, act_dim)  # so does a dataset that does not fit it
+        replay_table = self._check_resume(obs, act_dim) if self.resume is not None else None
         # inline actors live in this process: no Ray to start or join
         started_ray = self.spec.runtime.backend == "ray" and cluster.connect(self.spec)
         status = "FAILED"
         try:
-            self.graph = ActorGraph(self.spec, obs_dim, act_dim, prior_path)
+            self.graph = ActorGraph(self.spec, obs, act_dim, prior_path)
             self.graph.start()
             if self.resume is not None:
                 self._restore(self.resume, replay_table)
@@ -269,12 +270,12 @@ class Trainer:
         }
 
     # ---- before Ray starts -----------------------------------------------------------------------
-    def _check_resume(self, obs_dim: int, act_dim: int) -> Any:
+    def _check_resume(self, obs: ObsDims, act_dim: int) -> Any:
         """Check the checkpoint's learner state and replay file against the spec before any actor
         starts (CheckpointError naming the file otherwise); returns the replay table, if it has one."""
-        algorithm = build_algorithm(self.spec.algo, obs_dim, act_dim, torch.device("cpu"),
-                                    planned_fleet_steps(self.spec), sym_aug_mirror(self.spec, obs_dim, act_dim))
-        return verify_resume(self.resume, self.spec, algorithm, obs_dim, act_dim)
+        algorithm = build_algorithm(self.spec.algo, obs, act_dim, torch.device("cpu"),
+                                    planned_fleet_steps(self.spec), sym_aug_mirror(self.spec, obs, act_dim))
+        return verify_resume(self.resume, self.spec, algorithm, obs.full, act_dim)
 
     def _start_tracking(self) -> None:
         if not self.track:
@@ -374,7 +375,7 @@ class Trainer:
         if self.last_checkpoint is not None:
             payload = load_checkpoint(self.last_checkpoint)
             graph = self.graph
-            self._restore(payload, None if self.spec.on_policy else read_replay(payload, graph.obs_dim, graph.act_dim))
+            self._restore(payload, None if self.spec.on_policy else read_replay(payload, graph.obs.full, graph.act_dim))
         else:  # from the start
             self.counters, self.window = Counters(), Window()
             self.cadence = Cadence(self.spec, reports=self.reporter is not None)

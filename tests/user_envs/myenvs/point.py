@@ -59,3 +59,23 @@ def make_point_reach(speed: float = 0.1) -> gym.Env:
 
 class NotAnEnv:
     """Named by a test as an entry point that is not an env class."""
+
+
+class GoalPointReachEnv(PointReachEnv):
+    """The same task in a goal env's Dict (gymnasium-robotics' convention): `observation` (the
+    position), `achieved_goal` (the position again) and `desired_goal` (the target). `with_mode`
+    adds a Discrete entry, which the tests name as a key no network can read."""
+
+    def __init__(self, speed: float = 0.1, with_mode: bool = False):
+        super().__init__(speed)
+        box = gym.spaces.Box(-np.inf, np.inf, (2,), np.float64)
+        spaces = {"observation": box, "achieved_goal": box, "desired_goal": box}
+        if with_mode:
+            spaces["mode"] = gym.spaces.Discrete(3)
+        self.observation_space = gym.spaces.Dict(spaces)
+        self.with_mode = with_mode
+
+    def _obs(self) -> dict[str, Any]:
+        obs = {"observation": self.position.copy(), "achieved_goal": self.position.copy(),
+               "desired_goal": self.target.copy()}
+        return obs | ({"mode": 0} if self.with_mode else {})
