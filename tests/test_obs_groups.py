@@ -118,3 +118,31 @@ def test_with_mode_left_out_of_both_lists_is_fine(goal_env: list[str]) -> None:
                                                     "algo.actor_obs=[observation, desired_goal]"])
     obs, _ = env_dims(spec)
     assert obs.groups == (("observation", 2), ("desired_goal", 2)) and obs.actor == 4
+
+
+def test_a_dataset_keeps_one_column_per_key_and_reads_back_whole(tmp_path: Path) -> None:
+    from aa_ray.data.dataset import DatasetError, checked_prior_data, read_dataset, write_dataset
+    from aa_ray.data.rollout import dataset_meta
+    from aa_ray.runtime.env_runner import EnvRunner
+
+    sets = [f"{key}={value}" for key, value in (("env.kwargs", "{obs_groups: true}"),
+                                                 ("algo.actor_obs", "[proprio, command]"),
+                                                 ("algo.critic_obs", "[proprio, command, privileged]"))]
+    spec = load_spec(SPECS / "sac.yaml", sets)
+    runner = EnvRunner(spec, 0)
+    transitions, _ = runner.rollout(2, first_eps_id=0)
+    path = write_dataset(tmp_path / "grouped.parquet", transitions, dataset_meta(spec, "test"))
+    names = pq.read_schema(path).names
+    assert {"obs/proprio", "obs/command", "obs/privileged", "new_obs/privileged"} <= set(names) and "obs" not in names
+    back = read_dataset(path).read_all()
+    np.testing.assert_array_equal(back["obs"], transitions["obs"])
+    np.testing.assert_array_equal(back["new_obs"], transitions["new_obs"])
+    obs, act_dim = env_dims(spec)
+    grouped = spec.model_copy(update={"algo": spec.algo.model_copy(update={"prior_data": str(path)})})
+    assert checked_prior_data(grouped, obs, act_dim) == path
+    # a run that lays the keys out otherwise (same width, another order) is refused, naming both
+    other = load_spec(SPECS / "sac.yaml", [sets[0], "algo.actor_obs=[command, proprio]",
+                                           "algo.critic_obs=[command, proprio, privileged]"])
+    other = other.model_copy(update={"algo": other.algo.model_copy(update={"prior_data": str(path)})})
+    with pytest.raises(DatasetError, match="holds observation keys"):
+        checked_prior_data(other, env_dims(other)[0], act_dim)

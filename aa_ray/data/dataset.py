@@ -25,6 +25,11 @@ File metadata (Parquet key-value metadata, key `aa_ray.dataset`, a JSON object):
 `action_encoding`, `producer` ("scripted" or a checkpoint path), `created`, and, once the
 writer is closed, `num_transitions` and `num_episodes`.
 
+Grouped (Dict) observations (`aa_ray/envs/obs_groups.py`) are stored one column per key:
+`obs/<key>` and `new_obs/<key>` in place of `obs` and `new_obs`, each a fixed_size_list of that
+key's features, in the order the metadata's `observation_groups` ([[key, dim], ...]) lists them;
+readers get them back concatenated, as the runtime moves them.
+
 A dataset is a single file or a folder of such files (as Ray Data writes them). Large datasets
 are never loaded whole: `TransitionDataset.iter_batches` streams record batches through
 `pyarrow.dataset`.
@@ -122,6 +127,7 @@ class DatasetMeta:
     created: str = ""
     num_transitions: int | None = None
     num_episodes: int | None = None
+    obs_groups: tuple[tuple[str, int], ...] = ()  # a Dict observation's keys and dims, in stored order
 
     @classmethod
     def for_env(cls, env_id: str, obs_space: Any, act_space: Any, producer: str, **extra: Any) -> DatasetMeta:
@@ -149,6 +155,7 @@ class DatasetMeta:
                 "created": self.created or _now(),
                 "num_transitions": self.num_transitions,
                 "num_episodes": self.num_episodes,
+                **({"observation_groups": [list(group) for group in self.obs_groups]} if self.obs_groups else {}),
             }
         )
 
@@ -168,6 +175,7 @@ class DatasetMeta:
                 created=str(raw.get("created", "")),
                 num_transitions=raw.get("num_transitions"),
                 num_episodes=raw.get("num_episodes"),
+                obs_groups=tuple((str(key), int(dim)) for key, dim in raw.get("observation_groups") or ()),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise DatasetError(f"dataset {source}: its {META_KEY.decode()} metadata is unreadable ({err!r}).") from None
@@ -176,21 +184,24 @@ class DatasetMeta:
 # ---- writing ---------------------------------------------------------------------------------
 
 
+def _file_columns(meta: DatasetMeta, name: str) -> list[tuple[str, int]]:
+    """The stored columns of a logical column, with their widths (1 for a scalar column): `obs` is
+    `obs/<key>` per key for grouped observations."""
+    if name not in _VECTOR_COLUMNS:
+        return [(name, 1)]
+    if _VECTOR_COLUMNS[name] == "act":
+        return [(name, meta.act_dim)]
+    return [(f"{name}/{key}", dim) for key, dim in meta.obs_groups] if meta.obs_groups else [(name, meta.obs_dim)]
+
+
 def _schema(meta: DatasetMeta) -> pa.Schema:
-    vector = lambda dim: pa.list_(pa.float32(), dim)  # noqa: E731
-    return pa.schema(
-        [
-            (OBS, vector(meta.obs_dim)),
-            (ACTIONS, vector(meta.act_dim)),
-            (REWARDS, pa.float32()),
-            (NEXT_OBS, vector(meta.obs_dim)),
-            (TERMINATEDS, pa.bool_()),
-            (TRUNCATEDS, pa.bool_()),
-            (EPS_ID, pa.int64()),
-            (T, pa.int64()),
-        ],
-        metadata={META_KEY: meta.to_json().encode()},
-    )
+    scalars = {REWARDS: pa.float32(), TERMINATEDS: pa.bool_(), TRUNCATEDS: pa.bool_(), EPS_ID: pa.int64(),
+               T: pa.int64()}
+    fields = [
+        (column, pa.list_(pa.float32(), dim) if name in _VECTOR_COLUMNS else scalars[name])
+        for name in COLUMNS for column, dim in _file_columns(meta, name)
+    ]
+    return pa.schema(fields, metadata={META_KEY: meta.to_json().encode()})
 
 
 def _to_table(transitions: Mapping[str, np.ndarray], meta: DatasetMeta, schema: pa.Schema) -> pa.Table:
@@ -206,7 +217,11 @@ def _to_table(transitions: Mapping[str, np.ndarray], meta: DatasetMeta, schema: 
             values = values.astype(np.float32, copy=False).reshape(len(values), -1)
             if values.shape != (n, dim):
                 raise ValueError(f"column {name}: expected shape ({n}, {dim}), got {values.shape}")
-            arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), dim))
+            start = 0
+            for _, width in _file_columns(meta, name):
+                part = np.ascontiguousarray(values[:, start:start + width])
+                arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(part.reshape(-1)), width))
+                start += width
         else:
             if values.shape != (n,):
                 raise ValueError(f"column {name}: expected shape ({n},), got {values.shape}")
@@ -300,16 +315,20 @@ def _check_file(file: Path, meta: DatasetMeta, schema: pa.Schema) -> None:
         raise DatasetError(
             f"dataset file {file} has format version {meta.format_version}; this aa-ray reads up to {FORMAT_VERSION}."
         )
-    missing = [c for c in COLUMNS if c not in schema.names]
+    stored = [column for name in COLUMNS for column, _ in _file_columns(meta, name)]
+    missing = [c for c in stored if c not in schema.names]
     if missing:
         raise DatasetError(f"dataset file {file} lacks the columns {missing} (has {schema.names}).")
+    if meta.obs_groups and sum(dim for _, dim in meta.obs_groups) != meta.obs_dim:
+        raise DatasetError(f"dataset file {file}: its observation_groups {list(meta.obs_groups)} do not add up to "
+                           f"obs_dim {meta.obs_dim}.")
     for name, kind in _VECTOR_COLUMNS.items():
-        dim = meta.obs_dim if kind == "obs" else meta.act_dim
-        column_type = schema.field(name).type
-        if not (isinstance(column_type, pa.FixedSizeListType) and column_type.list_size == dim):
-            raise DatasetError(
-                f"dataset file {file}: column {name} is {column_type}, but its metadata says {kind}_dim {dim}."
-            )
+        for column, dim in _file_columns(meta, name):
+            column_type = schema.field(column).type
+            if not (isinstance(column_type, pa.FixedSizeListType) and column_type.list_size == dim):
+                raise DatasetError(
+                    f"dataset file {file}: column {column} is {column_type}, but its metadata says {kind} width {dim}."
+                )
 
 
 @dataclass
@@ -325,28 +344,29 @@ class TransitionDataset:
         """Stream the transitions as dicts of numpy arrays (vectors as (n, dim) float32),
         at most `batch_rows` rows at a time, in file order."""
         dataset = pads.dataset([str(f) for f in self.files], format="parquet")
-        for batch in dataset.to_batches(columns=list(COLUMNS), batch_size=batch_rows):
+        columns = [column for name in COLUMNS for column, _ in _file_columns(self.meta, name)]
+        for batch in dataset.to_batches(columns=columns, batch_size=batch_rows):
             if batch.num_rows:
-                yield _batch_to_numpy(batch)
+                yield _batch_to_numpy(batch, self.meta)
 
     def read_all(self) -> dict[str, np.ndarray]:
         """Every transition in memory at once (small datasets, tests)."""
         parts = list(self.iter_batches())
         if not parts:
-            return _batch_to_numpy(pa.RecordBatch.from_pylist([], schema=_schema(self.meta)))
+            return _batch_to_numpy(pa.RecordBatch.from_pylist([], schema=_schema(self.meta)), self.meta)
         return {name: np.concatenate([p[name] for p in parts]) for name in COLUMNS}
 
 
-def _batch_to_numpy(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
+def _batch_to_numpy(batch: pa.RecordBatch, meta: DatasetMeta) -> dict[str, np.ndarray]:
     out = {}
     n = batch.num_rows
     for name in COLUMNS:
-        column = batch.column(name)
-        if name in _VECTOR_COLUMNS:
-            size = column.type.list_size
-            out[name] = column.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(n, size)
+        if name in _VECTOR_COLUMNS:  # a grouped observation's keys, concatenated back
+            parts = [batch.column(column).flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(n, dim)
+                     for column, dim in _file_columns(meta, name)]
+            out[name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
         else:
-            out[name] = column.to_numpy(zero_copy_only=False).astype(_NUMPY_DTYPES[name])
+            out[name] = batch.column(name).to_numpy(zero_copy_only=False).astype(_NUMPY_DTYPES[name])
     return out
 
 
@@ -355,17 +375,16 @@ def checked_prior_data(spec: Any, obs: ObsDims | int, act_dim: int) -> Path | No
     if spec.prior_data is None:
         return None
     obs = ObsDims.of(obs)
-    if obs.groups:
-        raise DatasetError(
-            f"algo.prior_data: env {spec.env.id} has Dict observations, and datasets hold flat observations so far; "
-            "train without algo.prior_data"
-        )
-    obs_dim = obs.full
     path = Path(spec.prior_data).expanduser().resolve()
     try:
-        read_dataset(path, expect_env_id=spec.env.id, expect_obs_dim=obs_dim, expect_act_dim=act_dim)
+        dataset = read_dataset(path, expect_env_id=spec.env.id, expect_obs_dim=obs.full, expect_act_dim=act_dim)
     except DatasetError as err:
         raise DatasetError(f"algo.prior_data: {err}") from None
+    if dataset.meta.obs_groups != obs.groups:
+        raise DatasetError(
+            f"algo.prior_data: dataset {path} holds observation keys {list(dataset.meta.obs_groups) or 'none'}, "
+            f"but this run reads {list(obs.groups) or 'a flat observation'} (algo.actor_obs / algo.critic_obs)."
+        )
     return path
 
 

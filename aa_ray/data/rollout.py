@@ -69,7 +69,7 @@ def check_scripted(spec: ExperimentSpec) -> None:
 
 
 def dataset_meta(spec: ExperimentSpec, producer: str) -> DatasetMeta:
-    from aa_ray.envs import make_vector_env
+    from aa_ray.envs import make_vector_env, vector_obs_dims
 
     envs = make_vector_env(spec, 1)
     try:
@@ -79,6 +79,7 @@ def dataset_meta(spec: ExperimentSpec, producer: str) -> DatasetMeta:
             envs.single_action_space,
             producer,
             env_kwargs=dict(spec.env.kwargs),
+            obs_groups=vector_obs_dims(envs).groups,
         )
     finally:
         envs.close()
@@ -113,11 +114,7 @@ def rollout(
         raise RolloutError(f"--out {out} is a folder; pass the path of the .parquet file to write")
     if scripted == (checkpoint is not None):
         raise RolloutError("roll out either a checkpoint's policy or the scripted controller (exactly one)")
-    if env_dims(spec)[0].groups:  # SpecError for an env that cannot be made or used
-        raise RolloutError(
-            f"env {spec.env.id} has Dict observations, and datasets hold flat observations so far; it cannot be "
-            "rolled out into a dataset yet"
-        )
+    env_dims(spec)  # SpecError for an env that cannot be made or used
     policy_state = None
     if scripted:
         check_scripted(spec)
