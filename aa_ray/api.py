@@ -8,7 +8,7 @@ module: `aa-ray run` is `Experiment(...).fit()`, `aa-ray eval` is `load_policy(.
     result = experiment.fit(callbacks=[print])    # each evaluation and checkpoint, as a `Report`
     policy = load_policy(result.checkpoint)
     actions = policy.predict(observations)        # numpy in, env actions out (a batch or one)
-    policy.evaluate(episodes=10)                  # {"eval/return": ..., "eval/distance": ...}
+    policy.evaluate(episodes=10)                  # {"eval/return": ..., "eval/success": ..., ...}
 
 `fit` trains on an embedded local Ray instance, or joins the cluster at `RAY_ADDRESS`, exactly as
 the command does. A callback that returns True stops the run after that report (with a final
@@ -209,8 +209,9 @@ class Policy:
 
     def evaluate(self, episodes: int | None = None, video: str | Path | None = None) -> dict[str, float]:
         """Deterministic episodes on the eval seeds of the checkpoint's run (the starts its own
-        evaluations faced): mean return and length, and distance/success where the env reports
-        them. `video`: also write the first episode as a GIF (None written where nothing can render)."""
+        evaluations faced): mean return and length, eval/success where the env reports is_success, and
+        eval/<key> of its task metrics (`aa_ray.envs.info_metrics`). `video`: also write the first
+        episode as a GIF (None written where nothing can render)."""
         from aa_ray.runtime.env_runner import EnvRunner
 
         spec = self.spec.model_copy(update={"runners": self.spec.runners.model_copy(update={"envs_per_runner": 1})})

@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     evaluate = commands.add_parser(
-        "eval", help="evaluate a checkpoint's policy on its env's eval seeds (return, distance, success)"
+        "eval", help="evaluate a checkpoint's policy on its env's eval seeds (return, length, success, task metrics)"
     )
     evaluate.add_argument("checkpoint", help="a checkpoint folder (runs/<run>/checkpoints/<name>)")
     evaluate.add_argument("--episodes", type=_positive_int, metavar="N",
@@ -92,7 +92,8 @@ def _parser() -> argparse.ArgumentParser:
         "--metric", default=metric_names.EVAL_RETURN, help=f"the curve's metric (default {metric_names.EVAL_RETURN})"
     )
     report.add_argument("--threshold", type=float, help="also report env steps until the metric reaches this")
-    report.add_argument("--mode", choices=["max", "min"], default="max", help="min: lower is better (eval/distance)")
+    report.add_argument("--mode", choices=["max", "min"], default="max",
+                        help="min: lower is better (e.g. a task metric that is an error)")
     report.add_argument("--out", help="output folder (default reports/<time>)")
     return parser
 
@@ -236,8 +237,9 @@ def _rollout(spec: ExperimentSpec, args: argparse.Namespace) -> int:
         return _fail("interrupted", code=130)
     line = f"dataset: {summary['path']} ({summary['episodes']} episodes, {summary['transitions']:,} transitions"
     line += f", mean return {summary['mean_return']:.4g}"
-    if "mean_final_distance" in summary:
-        line += f", mean final distance {summary['mean_final_distance']:.4g}"
+    for key, value in summary.items():  # the env's task metrics (mean_success, mean_<info key>)
+        if key.startswith("mean_") and key != "mean_return":
+            line += f", mean {key.removeprefix('mean_')} {value:.4g}"
     print(line + ")")
     return 0
 

@@ -7,15 +7,16 @@ ENV_STEPS = "env/steps"  # Tune's and the reports' time axis
 ENV_EPISODES = "env/episodes"
 ENV_STEPS_PER_S = "env/steps_per_s"
 TRAIN_EPISODE_RETURN = "train/episode_return"
-TRAIN_FINAL_DISTANCE = "train/final_distance"
+TRAIN_SUCCESS = "train/success"  # info["is_success"] of the recent training episodes, where the env reports it
+TRAIN_PREFIX = "train/"  # + a task metric (aa_ray/envs/info_metrics.py): the recent training episodes' mean
 RUN_FINISHED = "run/finished"
 RUN_RESUMED_AT = "run/resumed_at"  # a resume's checkpoint env steps, logged at that step (see report.py)
 
 # evaluation (env runners)
 EVAL_RETURN = "eval/return"
 EVAL_LENGTH = "eval/length"
-EVAL_DISTANCE = "eval/distance"
-EVAL_SUCCESS = "eval/success"
+EVAL_SUCCESS = "eval/success"  # info["is_success"] at the eval episodes' last step, where the env reports it
+EVAL_PREFIX = "eval/"  # + a task metric (aa_ray/envs/info_metrics.py): its mean over the eval episodes
 EVAL_AT_ENV_STEPS = "eval/at_env_steps"
 
 # replay

@@ -87,8 +87,8 @@ def part_pipeline(args) -> dict:
             solved = [m.step for m in sorted(history, key=lambda m: m.step) if m.value < 0.05]
             rlpd.append(solved[0] if solved else None)
             dataset = client.get_run(outcome["stages"]["rollouts"]["mlflow_run_id"]).data.metrics
-            print(f"pipeline seed {seed}: rlpd solved at {rlpd[-1]}; dataset mean final distance "
-                  f"{dataset.get('rollout/mean_final_distance')}", flush=True)
+            print(f"pipeline seed {seed}: rlpd solved at {rlpd[-1]}; dataset mean distance "
+                  f"{dataset.get('rollout/mean_distance')}", flush=True)
             os.chdir(home)  # before the folder goes
         sac.append(steps_to_solve("sac.yaml", seed, 20_000, 500, args.output_dir))
     results = {"rlpd_stage": summarize(rlpd), "sac_from_scratch": summarize(sac)}

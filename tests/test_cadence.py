@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from aa_ray import metric_names as m
-from aa_ray.runtime.cadence import BUDGET, TARGET_REACHED, Cadence
+from aa_ray.runtime.cadence import BUDGET, TARGET_REACHED, Cadence, check_stop_metric
 from aa_ray.runtime.health import HealthChecks
 from aa_ray.runtime.remote import TrainingError
-from aa_ray.spec.loader import load_spec
+from aa_ray.runtime.trainer import Trainer
+from aa_ray.spec.loader import SpecError, load_spec
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 
@@ -56,8 +57,43 @@ def test_reaching_the_target_stops_the_run_without_the_checkpoint_due_then() -> 
     assert walk(cadence, range(100, 1100, 100), {m.EVAL_RETURN: -1.0})[-1] == (200, True, False, False, TARGET_REACHED)
     cadence = Cadence(spec("eval.every_env_steps=400", "checkpoint.every_env_steps=400",
                            "budget.stop_at_eval_distance=0.05", "budget.stop_at_eval_return=100"), reports=False)
-    ends = walk(cadence, range(100, 1100, 100), {m.EVAL_RETURN: 0.0, m.EVAL_DISTANCE: 0.01})
+    ends = walk(cadence, range(100, 1100, 100), {m.EVAL_RETURN: 0.0, "eval/distance": 0.01})
     assert ends[-1] == (400, True, False, False, TARGET_REACHED)  # the distance decides where the env has one
+    ends = walk(cadence, range(100, 1100, 100), {m.EVAL_RETURN: 200.0, "eval/distance": 0.06})
+    assert ends[-1][-1] == BUDGET  # even where the return is past its bound
+    ends = walk(Cadence(spec("budget.stop_at_eval_distance=0.05"), reports=False), range(100, 1100, 100))
+    assert ends[-1][-1] == BUDGET  # an env without eval/distance skips the shorthand, as it always did
+
+
+@pytest.mark.parametrize(("stop_at", "reached", "missed"), [
+    ("{metric: eval/distance, below: 0.009}", 0.0089, 0.009),  # strictly below
+    ("{metric: eval/return, above: 300}", 300.0, 299.9),  # at or above
+    ("{metric: eval/success, above: 0.9}", 0.95, 0.8),
+])
+def test_stop_at_names_any_eval_metric_and_a_bound(stop_at: str, reached: float, missed: float) -> None:
+    rule = spec(f"budget.stop_at={stop_at}").budget.stop_at
+    for value, reason in ((missed, BUDGET), (reached, TARGET_REACHED)):
+        cadence = Cadence(spec(f"budget.stop_at={stop_at}", "eval.every_env_steps=500"), reports=False)
+        ends = walk(cadence, range(100, 1100, 100), {m.EVAL_RETURN: 0.0, rule.metric: value})
+        assert ends[-1][0] == (1000 if reason == BUDGET else 500) and ends[-1][-1] == reason
+    # an evaluation without the metric (no is_success, say) never stops the run
+    cadence = Cadence(spec(f"budget.stop_at={stop_at}"), reports=False)
+    assert walk(cadence, range(100, 1100, 100), {"eval/length": 0.0})[-1][-1] == BUDGET
+
+
+def test_a_stop_metric_the_evaluations_never_produce_is_refused_before_the_run_starts() -> None:
+    """pusher-reach declares distance; `error` is no metric of it unless the spec lists it."""
+    for fine in ("eval/return", "eval/success", "eval/distance"):
+        check_stop_metric(spec(f"budget.stop_at={{metric: {fine}, below: 1}}"))
+    check_stop_metric(spec("budget.stop_at={metric: eval/error, below: 1}", "eval.info_metrics=[error]"))
+    refused = spec("budget.stop_at={metric: eval/error, below: 1}", "tracking.enabled=false",
+                   "runtime.backend=inline")
+    with pytest.raises(SpecError) as err:
+        Trainer(refused, live=False).run()
+    assert str(err.value).startswith("budget.stop_at.metric: the evaluations of aa_ray/PusherReach-v0 never "
+                                     "produce eval/error")
+    assert "eval/return, eval/length, eval/success, eval/distance" in str(err.value)
+    assert not Path("runs").exists()  # refused before anything was written
 
 
 def test_a_resumed_run_keeps_its_evaluation_schedule_and_checkpoints_from_where_it_resumed() -> None:

@@ -15,6 +15,7 @@ import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -68,33 +69,30 @@ def submit(cluster: dict, working_dir: Path, *entrypoint: str, env_vars: dict | 
 def test_job_submit_runs_on_two_nodes_and_records_in_mlflow(two_nodes: dict, tmp_path: Path) -> None:
     """The README's command, with a spec that needs more CPUs (3.5) than one node has (2): the
     actors spread over both nodes, the job succeeds, and its run is in the store it was pointed at."""
+    run = run_job(two_nodes, tmp_path, "specs/sac_pendulum.yaml", "--set", "algo.actor_hidden_dims=[32,32]",
+                  "--set", "algo.critic_hidden_dims=[32,32]")
+    assert run.data.params["runners.num_runners"] == "2"
+
+
+def run_job(cluster: dict, tmp_path: Path, spec: str, *sets: str) -> Any:
+    """`aa-ray run spec` with two runners and 1,200 env steps as a job from the repository root: its
+    finished MLflow run."""
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     job = submit(
-        two_nodes, ROOT, "aa-ray", "run", "specs/sac_pendulum.yaml", "--plain", "--set", "runners.num_runners=2",
-        "--set", "budget.env_steps=1200", "--set", "algo.actor_hidden_dims=[32,32]",
-        "--set", "algo.critic_hidden_dims=[32,32]", "--set", "eval.episodes=2",
-        env_vars={"MLFLOW_TRACKING_URI": store},
+        cluster, ROOT, "aa-ray", "run", spec, "--plain", "--set", "runners.num_runners=2",
+        "--set", "budget.env_steps=1200", "--set", "eval.episodes=2", *sets, env_vars={"MLFLOW_TRACKING_URI": store},
     )
     assert job.returncode == 0 and "succeeded" in job.stdout + job.stderr, (job.stdout + job.stderr)[-4000:]
     client = MlflowClient(store)
     (run,) = client.search_runs([client.get_experiment_by_name("aa-ray").experiment_id])
     assert run.info.status == "FINISHED" and run.data.metrics["env/steps"] >= 1200
-    assert run.data.params["runners.num_runners"] == "2"
+    return run
 
 
 def test_a_users_env_package_reaches_the_workers_of_both_nodes(two_nodes: dict, tmp_path: Path) -> None:
     """The user's own env package (tests/user_envs/myenvs, not importable from the working dir's root)
     named in the spec's env.py_modules: Ray ships it to the runners on both nodes, and the job trains."""
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    job = submit(
-        two_nodes, ROOT, "aa-ray", "run", "tests/user_envs/point_reach.yaml", "--plain", "--set",
-        "runners.num_runners=2", "--set", "budget.env_steps=1200", "--set", "eval.episodes=2",
-        env_vars={"MLFLOW_TRACKING_URI": store},
-    )
-    assert job.returncode == 0 and "succeeded" in job.stdout + job.stderr, (job.stdout + job.stderr)[-4000:]
-    client = MlflowClient(store)
-    (run,) = client.search_runs([client.get_experiment_by_name("aa-ray").experiment_id])
-    assert run.info.status == "FINISHED" and run.data.metrics["env/steps"] >= 1200
+    run = run_job(two_nodes, tmp_path, "tests/user_envs/point_reach.yaml")
     assert run.data.tags["env"] == "myenvs/PointReach-v0"
 
 

@@ -363,7 +363,9 @@ def local_ray():
 
 @pytest.mark.usefixtures("local_ray")
 class TestOnRay:
-    def test_scripted_rollout_writes_a_dataset_that_pyarrow_ray_data_and_rllib_read(self, tmp_path: Path) -> None:
+    def test_scripted_rollout_writes_a_dataset_that_pyarrow_ray_data_and_rllib_read(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture
+    ) -> None:
         out = tmp_path / "scripted.parquet"
         code = cli.main(
             [
@@ -389,6 +391,9 @@ class TestOnRay:
         assert ends.sum() == 6 and np.all(arrays[ds.T][ends] == 49)
         final_distance = np.linalg.norm(arrays[ds.NEXT_OBS][ends][:, 8:10], axis=1)  # obs[8:10] = tip - target
         assert final_distance.max() < 1e-3
+        # the summary has the mean of each task metric at the episodes' ends: is_success, pusher-reach's distance
+        summary = capsys.readouterr().out
+        assert "mean success 1," in summary and "mean distance " in summary, summary
 
         # Ray Data reads the file as it is, and RLlib's offline reader maps every column it holds
         rows = ray.data.read_parquet(str(out)).take_batch(4, batch_format="numpy")

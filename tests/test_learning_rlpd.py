@@ -45,7 +45,7 @@ def sac_steps() -> int:
 def test_rlpd_solves_pusher_reach_in_at_most_half_the_online_steps_of_sac(tmp_path: Path, sac_steps: int) -> None:
     dataset = tmp_path / "pusher_reach_scripted.parquet"
     summary = rollout(load_spec(SPECS / "rlpd.yaml"), dataset, 50, scripted=True, report=lambda line: None)
-    assert summary["transitions"] == 50 * 50 and summary["mean_final_distance"] < 1e-3
+    assert summary["transitions"] == 50 * 50 and summary["mean_distance"] < 1e-3 and summary["mean_success"] == 1.0
 
     rlpd_steps, rlpd_distances = steps_to_solve("rlpd.yaml", f"algo.prior_data={dataset}")
     assert rlpd_steps <= BUDGET, f"RLPD did not solve pusher-reach; eval distances {rlpd_distances}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import warnings
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -20,6 +21,8 @@ from aa_ray.envs import (
     PusherReachEnv,
     scripted_action,
 )
+
+SPECS = Path(__file__).resolve().parents[1] / "specs"
 
 
 def _final_distance(env: gym.Env, seed: int, policy) -> float:
@@ -186,6 +189,44 @@ def test_vector_env_with_scripted_controller(mode: str) -> None:
     assert np.all(infos["distance"] <= 1e-3)
     assert infos["is_success"].all()
     vec.close()
+
+
+class HalfScripted:
+    """Acts as a policy: the scripted controller where the target lies at x > 0, no torque elsewhere
+    (so some episodes end within SUCCESS_DISTANCE and some do not)."""
+
+    def act(self, obs: np.ndarray, deterministic: bool = True, generator=None) -> np.ndarray:
+        return np.where(obs[:, 6:7] > 0, scripted_action(obs), 0.0).astype(np.float32)
+
+
+def test_eval_success_is_the_mean_of_is_success_at_the_episodes_ends() -> None:
+    """An in-process EnvRunner's evaluation: eval/success is the mean of the env's own
+    info["is_success"] at each eval episode's last step, and eval/distance (the task metric
+    pusher-reach declares) the mean final distance, both recomputed here episode by episode."""
+    from aa_ray import seeding
+    from aa_ray.runtime.env_runner import EnvRunner
+    from aa_ray.spec.loader import load_spec
+
+    spec = load_spec(SPECS / "sac.yaml")
+    assert PusherReachEnv.metadata["info_metrics"] == ["distance"] and spec.eval.info_metrics == []
+    runner = EnvRunner(spec, index=0)
+    runner.policy = HalfScripted()
+    evaluation = runner.evaluate(10)
+
+    successes, distances = [], []
+    for seed in seeding.eval_env_seeds(spec.seed, 10):
+        env = gym.make(PUSHER_REACH_ID)
+        obs, _ = env.reset(seed=seed)
+        done = False
+        while not done:
+            obs, _, terminated, truncated, info = env.step(HalfScripted().act(obs[None])[0])
+            done = terminated or truncated
+        successes.append(info["is_success"])
+        distances.append(info["distance"])
+    assert 0 < np.mean(successes) < 1  # both kinds of episode, so the mean says something
+    assert evaluation["eval/success"] == np.mean(successes)
+    assert evaluation["eval/distance"] == pytest.approx(np.mean(distances), rel=1e-6)  # batched float32 actions
+    assert evaluation["eval/length"] == MAX_EPISODE_STEPS
 
 
 def test_render_is_lazy_and_optional() -> None:

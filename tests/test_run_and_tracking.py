@@ -14,7 +14,11 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-SPECS = Path(__file__).resolve().parents[1] / "specs"
+from aa_ray.runtime.trainer import Trainer
+from aa_ray.spec.loader import load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECS = ROOT / "specs"
 
 
 def aa_ray(*args: str) -> subprocess.CompletedProcess:
@@ -199,3 +203,34 @@ def stop_cluster(temp_dir: str) -> None:
     for process in alive:
         process.kill()
     shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+POINT_REACH = ROOT / "tests" / "user_envs" / "point_reach.yaml"
+TINY_INLINE = [  # a few seconds in this process: inline backend, tiny networks, evaluations every 100 env steps
+    f"env.py_modules=[{ROOT / 'tests' / 'user_envs' / 'myenvs'}]", "runtime.backend=inline",
+    "algo.warm_up_steps=50", "algo.batch_size=16", "algo.actor_hidden_dims=[16]", "algo.critic_hidden_dims=[16]",
+    "eval.every_env_steps=100", "eval.episodes=3", "budget.env_steps=300", "checkpoint.save_replay=false",
+]
+
+
+@pytest.mark.parametrize(("stop_at", "evaluations", "reason"), [
+    ("{metric: eval/error, below: 100}", 1, "target reached"),  # the distance to the target is below 3
+    ("{metric: eval/return, above: -1000}", 1, "target reached"),  # 40 steps of rewards above -3
+    ("{metric: eval/error, above: 100}", 3, "budget"),  # never: the run goes to its budget (evaluating at the end)
+])
+def test_a_listed_info_metric_reaches_mlflow_and_can_stop_the_run(stop_at: str, evaluations: int, reason: str) -> None:
+    """The point env (tests/user_envs) reports info["error"] and info["is_success"] and declares no
+    task metrics; the spec lists `error`. Its mean at the eval episodes' ends is eval/error, the
+    recent training episodes' is train/error, and is_success gives eval/success and train/success,
+    all in the run's MLflow metrics; budget.stop_at on any of them stops the run."""
+    spec = load_spec(POINT_REACH, [*TINY_INLINE, "eval.info_metrics=[error]", f"budget.stop_at={stop_at}"])
+    result = Trainer(spec, live=False).run()
+    assert result["stop_reason"] == reason and len(result["evals"]) == evaluations
+    assert (result["env_steps"] >= 300) == (reason == "budget")
+    client = MlflowClient()
+    metrics = client.get_run(result["mlflow_run_id"]).data.metrics
+    last_eval = result["evals"][-1]
+    assert metrics["eval/error"] == pytest.approx(last_eval["eval/error"]) and 0 < last_eval["eval/error"] < 3
+    assert 0 <= metrics["eval/success"] <= 1 and metrics["eval/success"] == pytest.approx(last_eval["eval/success"])
+    assert 0 < metrics["train/error"] < 3 and 0 <= metrics["train/success"] <= 1  # 40-step episodes ended
+    assert len(client.get_metric_history(result["mlflow_run_id"], "eval/error")) == evaluations

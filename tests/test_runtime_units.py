@@ -18,8 +18,10 @@ from aa_ray.runtime.checkpoint import (
     newest_checkpoint,
     save_checkpoint,
 )
+from aa_ray.runtime.counters import Window
 from aa_ray.runtime.env_runner import EnvRunner
 from aa_ray.runtime.learner import Learner
+from aa_ray.runtime.loops import Iteration
 from aa_ray.runtime.replay import ReplayBuffer
 from aa_ray.spec.loader import apply_overrides, validate_spec
 
@@ -45,6 +47,20 @@ class CountingEnv(gym.Env):
 
 
 gym.register("aa_ray_tests/Counting-v0", entry_point=CountingEnv, max_episode_steps=5)
+
+
+class ScoredEnv(CountingEnv):
+    """CountingEnv that declares a task metric, `score` (10 x the steps taken), and reports it only
+    at the step that terminates an episode, as gymnasium-robotics envs do with some keys."""
+
+    metadata = {"render_modes": [], "info_metrics": ["score"]}
+
+    def step(self, action):
+        obs, reward, terminated, truncated, _ = super().step(action)
+        return obs, reward, terminated, truncated, ({"score": 10.0 * self.t, "label": "done"} if terminated else {})
+
+
+gym.register("aa_ray_tests/Scored-v0", entry_point=ScoredEnv, max_episode_steps=5)
 
 
 def counting_spec(terminate_at: int, algo: str = "sac", **extra: str):
@@ -82,6 +98,27 @@ def test_truncated_is_not_terminated() -> None:
     assert np.all(transitions["truncated"] == (next_obs == 5))  # time limit of 5 steps
     assert transitions["truncated"].sum() == 2
     assert not transitions["terminated"].any()
+
+
+def test_task_metrics_are_the_info_keys_the_env_declares_or_the_spec_lists() -> None:
+    """ScoredEnv declares `score` and reports it only on its last step (the `_score` mask says which
+    copy did); it has no is_success, so no eval/success. A listed key the env never reports is left
+    out; one that is not a number is refused naming it."""
+    spec = counting_spec(3, **{"env.id": "aa_ray_tests/Scored-v0", "eval.info_metrics": "[absent]"})
+    runner = EnvRunner(spec, index=0)
+    assert runner.info_keys == ("is_success", "score", "absent")
+    evaluation = runner.evaluate(3)
+    assert evaluation == {"eval/return": 3.0, "eval/length": 3.0, "eval/score": 30.0}
+    _, stats = runner.sample(num_steps=8, random_actions=True)  # 2 episodes per copy, reset steps between
+    assert [e["info"] for e in stats["episodes"]] == [{"score": 30.0}] * 4
+    window = Window()
+    window.count(Iteration(chunks=[stats]))
+    assert window.metrics()["train/score"] == 30.0 and "train/success" not in window.metrics()
+    # a counting env has no task metrics at all: return and length only
+    assert set(EnvRunner(counting_spec(3), index=0).evaluate(2)) == {"eval/return", "eval/length"}
+    labelled = counting_spec(3, **{"env.id": "aa_ray_tests/Scored-v0", "eval.info_metrics": "[label]"})
+    with pytest.raises(ValueError, match=r"info\['label'\] is not a number \(got 'done'\)"):
+        EnvRunner(labelled, index=0).evaluate(1)
 
 
 def test_n_step_windows_stop_at_a_terminal() -> None:

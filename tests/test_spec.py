@@ -56,6 +56,18 @@ BAD_FILES = [
     (MINIMAL.replace("name: sac,", "name: sac, hidden_dims: [64],"),
      "algo.hidden_dims: unknown key: it was renamed, write actor_hidden_dims and critic_hidden_dims instead"),
     (MINIMAL.replace("name: sac,", "name: sac_simba, learning_rate: 0.001,"), "write actor_lr, critic_lr and alpha_lr"),
+    # the early stop names an eval metric and exactly one bound; task metrics are simple identifiers
+    (MINIMAL.replace("env_steps: 1000}", "env_steps: 1000, stop_at: {metric: train/episode_return, above: 0}}"),
+     "budget.stop_at.metric: must name an eval metric, eval/<name>"),
+    (MINIMAL.replace("env_steps: 1000}", "env_steps: 1000, stop_at: {metric: eval/return}}"),
+     "budget.stop_at: give exactly one of below, above"),
+    (MINIMAL.replace("env_steps: 1000}", "env_steps: 1000, stop_at: {metric: eval/return, below: 1, above: 2}}"),
+     "budget.stop_at: give exactly one of below, above"),
+    (MINIMAL.replace("env_steps: 1000}", "env_steps: 1000, stop_at_eval_return: 1, stop_at: {metric: eval/return, "
+                     "above: 2}}"), "budget.stop_at and the shorthands"),
+    (MINIMAL + "eval: {info_metrics: [distance, tip-error]}\n",
+     "eval.info_metrics: each name must be an info key that is a simple identifier"),
+    (MINIMAL + "eval: {info_metrics: [return]}\n", "eval.info_metrics: 'return' would clash"),
 ]
 
 
@@ -105,6 +117,27 @@ def test_spec_hash_is_stable_and_content_addressed(tmp_path: Path) -> None:
     # spelling out a default does not change what the spec means
     assert spec_hash(validate_spec(raw)) == spec_hash(validate_spec(apply_overrides(raw, ["algo.gamma=0.99"])))
     assert spec_hash(validate_spec(raw)) != spec_hash(validate_spec(apply_overrides(raw, ["algo.gamma=0.9"])))
+
+
+def test_new_knobs_left_at_their_defaults_keep_the_hashes_of_shipped_specs() -> None:
+    """Finished suite cells and reusable pipeline stages are keyed by these hashes (from before
+    budget.stop_at and eval.info_metrics existed)."""
+    assert spec_hash(load_spec(SPECS / "sac_simba.yaml")) == "c7574ac5f92a"  # uses stop_at_eval_distance
+    assert spec_hash(load_spec(SPECS / "sac.yaml")) == "53e856b8ac63"
+    assert spec_hash(load_spec(SPECS / "rlpd.yaml", ["budget.stop_at_eval_distance=0.05"])) == "3b5823f10df3"
+    spelled_out = load_spec(SPECS / "sac.yaml", ["eval.info_metrics=[]", "budget.stop_at=null"])
+    assert spec_hash(spelled_out) == "53e856b8ac63"
+    listed = load_spec(SPECS / "sac.yaml", ["eval.info_metrics=[distance]"])
+    assert spec_hash(listed) != "53e856b8ac63"  # a knob that is set is part of the content
+
+
+def test_the_stop_shorthands_are_stop_at_rules(tmp_path: Path) -> None:
+    budget = load_spec(SPECS / "sac_simba.yaml").budget
+    assert [(r.metric, r.below, r.above) for r in budget.stop_rules] == [("eval/distance", 0.009, None)]
+    budget = load_spec(write(tmp_path, MINIMAL), ["budget.stop_at_eval_return=-200"]).budget
+    assert [(r.metric, r.below, r.above) for r in budget.stop_rules] == [("eval/return", None, -200.0)]
+    budget = load_spec(write(tmp_path, MINIMAL), ["budget.stop_at={metric: eval/success, above: 0.9}"]).budget
+    assert [(r.metric, r.below, r.above) for r in budget.stop_rules] == [("eval/success", None, 0.9)]
 
 
 def test_specs_are_frozen(tmp_path: Path) -> None:

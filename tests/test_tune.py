@@ -175,6 +175,9 @@ def test_a_failing_stage_stops_the_pipeline_and_keeps_earlier_outputs(tmp_path: 
     ({"search_space": {"algo.tau": {"uniform": [0.1, 0.01]}}}, "uniform needs low < high"),
     ({"search_space": {"algo.tau": {"grid": [0.1]}}, "searcher": "optuna"}, "optuna cannot search grids"),
     ({"search_space": {"algo.tau": {"choice": [0.1]}}, "metric": "eval/retrun"}, "metric"),
+    # pusher-reach's task metric is distance (eval/distance, train/distance); error is no metric of it
+    ({"search_space": {"algo.tau": {"choice": [0.1]}}, "metric": "eval/error"},
+     "metric 'eval/error' is not a metric the trials report; name one of eval/return, .*eval/distance, train/distance"),
     ({"search_space": {"algo.tau": {"choice": [0.1]}}, "samples": 3}, "samples: unknown key"),
 ])
 def test_bad_sweep_files_are_rejected_before_anything_starts(tmp_path: Path, document: dict, message: str) -> None:

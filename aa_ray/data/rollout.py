@@ -100,10 +100,13 @@ def rollout(
     report: Callable[[str], None] = _report,
 ) -> dict[str, Any]:
     """Write `episodes` episodes of the spec's env to the dataset `out`. Everything that can be
-    checked is checked before Ray starts (SpecError, CheckpointError, RolloutError)."""
+    checked is checked before Ray starts (SpecError, CheckpointError, RolloutError). Returns a
+    summary: path, episodes, transitions, mean_return, producer, and `mean_<name>` for each task
+    metric the env reports (mean_success from is_success; `aa_ray.envs.info_metrics`)."""
     import ray
 
     from aa_ray.envs import env_dims
+    from aa_ray.envs.info_metrics import metric_name
     from aa_ray.runtime import cluster
     from aa_ray.runtime.env_runner import EnvRunner
     from aa_ray.runtime.remote import get_results
@@ -153,7 +156,7 @@ def rollout(
             return calls
 
         returns: list[float] = []
-        distances: list[float] = []
+        infos: dict[str, list[float]] = {}  # info key -> each episode's value at its end (envs.info_metrics)
         with DatasetWriter(out, meta) as writer:
             pending = submit()
             while pending:
@@ -162,11 +165,12 @@ def rollout(
                 for transitions, stats in results:
                     writer.write(transitions)
                     returns += [s["return"] for s in stats]
-                    distances += [s["final_distance"] for s in stats if "final_distance" in s]
+                    for s in stats:
+                        for key, value in s.get("info", {}).items():
+                            infos.setdefault(key, []).append(value)
                 line = f"rollout: {len(returns)}/{episodes} episodes, {writer.num_transitions:,} transitions"
                 line += f", mean return {np.mean(returns):.4g}"
-                if distances:
-                    line += f", mean final distance {np.mean(distances):.4g}"
+                line += "".join(f", mean {metric_name(key)} {np.mean(values):.4g}" for key, values in infos.items())
                 report(line)
         summary = {
             "path": str(writer.path),
@@ -175,8 +179,8 @@ def rollout(
             "mean_return": float(np.mean(returns)),
             "producer": producer,
         }
-        if distances:
-            summary["mean_final_distance"] = float(np.mean(distances))
+        # each task metric's mean at the episodes' ends: mean_success (is_success), mean_<key>
+        summary |= {f"mean_{metric_name(key)}": float(np.mean(values)) for key, values in infos.items()}
         return summary
     finally:
         for runner in runners:

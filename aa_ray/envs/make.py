@@ -62,8 +62,7 @@ def make_env(spec: ExperimentSpec, **make_kwargs: Any) -> gym.Env:
 def grouped(env: gym.Env, spec: ExperimentSpec) -> gym.Env:
     """A Dict-observation env seen as one flat vector of the keys the spec's actor and critic read
     (`obs_groups`); any other env as it is."""
-    layout = obs_layout(env.observation_space, getattr(spec.algo, "actor_obs", None),
-                        getattr(spec.algo, "critic_obs", None))
+    layout = obs_layout(env.observation_space, spec.algo.actor_obs, spec.algo.critic_obs)
     return env if layout is None else GroupedObservations(env, layout)
 
 

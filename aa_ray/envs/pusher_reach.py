@@ -131,7 +131,9 @@ class PusherReachEnv(gym.Env[np.ndarray, np.ndarray]):
     it from its joints and the command; an asymmetric critic may read it).
     """
 
-    metadata = {"render_modes": ["rgb_array"], "render_fps": int(round(1.0 / DT))}
+    # info_metrics: the task metrics aa-ray records at each episode's end (eval/distance, train/distance;
+    # aa_ray.envs.info_metrics); info["is_success"] (within SUCCESS_DISTANCE) gives eval/success
+    metadata = {"render_modes": ["rgb_array"], "render_fps": int(round(1.0 / DT)), "info_metrics": ["distance"]}
 
     def __init__(
         self, render_mode: str | None = None, width: int = 480, height: int = 480, obs_groups: bool = False

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from aa_ray import metric_names as m
+from aa_ray.envs.info_metrics import metric_name
 
 if TYPE_CHECKING:
     from aa_ray.runtime.loops import Iteration
@@ -38,7 +39,7 @@ class Window:
     env_steps: int = 0
     updates: int = 0
     returns: deque = field(default_factory=lambda: deque(maxlen=RECENT_EPISODES))
-    distances: deque = field(default_factory=lambda: deque(maxlen=RECENT_EPISODES))
+    infos: dict[str, deque] = field(default_factory=dict)  # info key -> its recent episodes' final values
     lags: list[int] = field(default_factory=list)
 
     def count(self, it: Iteration) -> None:
@@ -47,8 +48,8 @@ class Window:
         self.lags += it.policy_lags
         for episode in it.episodes:
             self.returns.append(episode["return"])
-            if "final_distance" in episode:
-                self.distances.append(episode["final_distance"])
+            for key, value in episode.get("info", {}).items():
+                self.infos.setdefault(key, deque(maxlen=RECENT_EPISODES)).append(value)
 
     def metrics(self) -> dict[str, float]:
         """Throughput and policy lag since the last call that had them (then the window starts over),
@@ -64,6 +65,6 @@ class Window:
             self.start, self.env_steps, self.updates, self.lags = time.perf_counter(), 0, 0, []
         if self.returns:
             metrics[m.TRAIN_EPISODE_RETURN] = float(np.mean(self.returns))
-        if self.distances:
-            metrics[m.TRAIN_FINAL_DISTANCE] = float(np.mean(self.distances))
+        for key, values in self.infos.items():  # train/success, train/<task metric>
+            metrics[m.TRAIN_PREFIX + metric_name(key)] = float(np.mean(values))
         return metrics

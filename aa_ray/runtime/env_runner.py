@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import time
 from collections import deque
+from functools import cached_property
 from typing import Any
 
 import gymnasium as gym
@@ -18,7 +19,8 @@ from aa_ray.algos.common import ObsDims
 from aa_ray.algos.knobs import return_moments
 from aa_ray.data import dataset as ds
 from aa_ray.data.scripted import scripted_controllers
-from aa_ray.envs import RENDER_BACKEND_ERRORS, SUCCESS_DISTANCE, make_env, make_vector_env, vector_obs_dims
+from aa_ray.envs import RENDER_BACKEND_ERRORS, make_env, make_vector_env, vector_obs_dims
+from aa_ray.envs.info_metrics import final_info, metric_name, tracked_info_keys
 from aa_ray.runtime.env_state import pack, restore_vector_env, snapshot_vector_env, unpack
 from aa_ray.runtime.metrics import RunMetrics, run_tag
 from aa_ray.runtime.nstep import NStepWindow
@@ -26,21 +28,24 @@ from aa_ray.spec.experiment import ExperimentSpec
 
 
 class EpisodeTracker:
-    """Per-env running return/length; collects finished episodes' statistics."""
+    """Per-env running return/length; collects finished episodes' statistics: return, length and
+    `info`, the tracked info keys' values at the episode's last step (`aa_ray.envs.info_metrics`)."""
 
     def __init__(self, num_envs: int):
         self.returns = np.zeros(num_envs)
         self.lengths = np.zeros(num_envs, dtype=np.int64)
-        self.finished: list[dict[str, float]] = []
+        self.finished: list[dict[str, Any]] = []
 
-    def step(self, reward: np.ndarray, done: np.ndarray, valid: np.ndarray, info: dict[str, Any]) -> None:
+    def step(
+        self, reward: np.ndarray, done: np.ndarray, valid: np.ndarray, info: dict[str, Any], keys: tuple[str, ...] = ()
+    ) -> None:
+        """`info`: the vector env's info for the step's final states (next-step autoreset: the step's
+        own; same-step autoreset: its `final_info`)."""
         self.returns += np.where(valid, reward, 0.0)
         self.lengths += valid
         for i in np.flatnonzero(done & valid):
-            episode = {"return": float(self.returns[i]), "length": float(self.lengths[i])}
-            if "distance" in info:
-                episode["final_distance"] = float(info["distance"][i])
-            self.finished.append(episode)
+            values = final_info(info, i, keys)
+            self.finished.append({"return": float(self.returns[i]), "length": float(self.lengths[i]), "info": values})
             self.returns[i], self.lengths[i] = 0.0, 0
 
     def pop(self) -> list[dict[str, float]]:
@@ -51,8 +56,9 @@ class EpisodeTracker:
 class EpisodeRecorder:
     """Steps a vector env and keeps each env copy's current episode until it ends (rollouts)."""
 
-    def __init__(self, envs: gym.vector.VectorEnv, seeds: list[int]):
+    def __init__(self, envs: gym.vector.VectorEnv, seeds: list[int], keys: tuple[str, ...] = ()):
         self.envs = envs
+        self.keys = keys  # the info keys each episode's stats keep (see EpisodeTracker)
         self.obs, _ = envs.reset(seed=seeds)
         self.autoreset = np.zeros(envs.num_envs, dtype=bool)
         self.current: list[list[tuple]] = [[] for _ in range(envs.num_envs)]
@@ -66,13 +72,15 @@ class EpisodeRecorder:
             step = (self.obs[i].copy(), action[i].copy(), reward[i], next_obs[i].copy(), terminated[i], truncated[i])
             self.current[i].append(step)  # copies: a vector env may reuse its observation buffers
             if terminated[i] or truncated[i]:
-                self.finished.append(self._episode(self.current[i], info, i))
+                self.finished.append(self._episode(self.current[i], info, i, self.keys))
                 self.current[i] = []
         self.autoreset = terminated | truncated
         self.obs = next_obs
 
     @staticmethod
-    def _episode(steps: list[tuple], info: dict[str, Any], i: int) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    def _episode(
+        steps: list[tuple], info: dict[str, Any], i: int, keys: tuple[str, ...]
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         obs, action, reward, next_obs, terminated, truncated = (np.asarray(c) for c in zip(*steps, strict=True))
         columns = {
             ds.OBS: obs.astype(np.float32),
@@ -83,9 +91,7 @@ class EpisodeRecorder:
             ds.TRUNCATEDS: truncated.astype(bool),
             ds.T: np.arange(len(steps), dtype=np.int64),
         }
-        stats = {"return": float(reward.sum()), "length": float(len(steps))}
-        if "distance" in info:
-            stats["final_distance"] = float(info["distance"][i])
+        stats = {"return": float(reward.sum()), "length": float(len(steps)), "info": final_info(info, i, keys)}
         return columns, stats
 
 
@@ -125,6 +131,12 @@ class EnvRunner:
         self.recorder: EpisodeRecorder | None = None  # rollout() state, made on first use
         self.metrics = RunMetrics(run_tag(spec), runner=index)
         self.weights_s = 0.0  # loading policy weights since the last chunk (the publish phase)
+
+    @cached_property
+    def info_keys(self) -> tuple[str, ...]:
+        """The info keys recorded at each episode's end: is_success, the env's declared task metrics
+        and the spec's eval.info_metrics (`aa_ray.envs.info_metrics`)."""
+        return tracked_info_keys(self.spec, self.envs)
 
     def env_dims(self) -> tuple[ObsDims, int]:
         """The observation features and act_dim of the env this runner made: the driver checks them
@@ -175,7 +187,7 @@ class EnvRunner:
             done = terminated | truncated
             returns[t] = self.running_return = self.gamma * self.running_return + reward
             self.running_return[done] = 0.0
-            self.episodes.step(reward, done, valid[t], info)
+            self.episodes.step(reward, done, valid[t], info, self.info_keys)
             self.autoreset = done
             self.obs = next_obs
 
@@ -221,7 +233,7 @@ class EnvRunner:
             rollout["terminated"][t], rollout["truncated"][t] = terminated, truncated
             returns[t] = self.running_return = self.gamma * self.running_return + reward
             self.running_return[done] = 0.0
-            self.episodes.step(reward, done, every_env, info["final_info"] if done.any() else info)
+            self.episodes.step(reward, done, every_env, info["final_info"] if done.any() else info, self.info_keys)
             self.obs = reset_obs
         # one batched critic pass over the whole chunk, not one per step
         rollout["obs"] = obs
@@ -281,7 +293,7 @@ class EnvRunner:
         if self.recorder is None:
             envs = make_vector_env(self.spec, self.num_envs)
             seeds = seeding.rollout_env_seeds(self.spec.seed, self.index, self.incarnation, self.num_envs)
-            self.recorder = EpisodeRecorder(envs, seeds=seeds)
+            self.recorder = EpisodeRecorder(envs, seeds=seeds, keys=self.info_keys)
         recorder = self.recorder
         while len(recorder.finished) < num_episodes:
             recorder.step(act(recorder.obs), self.to_env_action)
@@ -295,7 +307,9 @@ class EnvRunner:
 
     def evaluate(self, num_episodes: int) -> dict[str, float]:
         """Run `num_episodes` deterministic episodes on separate envs with fixed seeds, so every
-        evaluation of a run faces the same starts and targets."""
+        evaluation of a run faces the same starts and targets. Returns eval/return and eval/length,
+        eval/success (the mean of info["is_success"] at each episode's last step) where the env
+        reports it, and eval/<key> for each task metric (`info_keys`) the env reports."""
         if self.eval_envs is None or self.eval_envs.num_envs != num_episodes:
             self.eval_envs = make_vector_env(self.spec, num_episodes)
         obs, _ = self.eval_envs.reset(seed=seeding.eval_env_seeds(self.spec.seed, num_episodes))
@@ -306,7 +320,7 @@ class EnvRunner:
             action = self.policy.act(obs, deterministic=True)
             obs, reward, terminated, truncated, info = self.eval_envs.step(self.to_env_action(action))
             done = terminated | truncated
-            tracker.step(reward, done, ~finished, info)
+            tracker.step(reward, done, ~finished, info, self.info_keys)
             for i in np.flatnonzero(done & ~finished):
                 results[i] = tracker.finished.pop(0)
             finished |= done
@@ -314,10 +328,10 @@ class EnvRunner:
             m.EVAL_RETURN: float(np.mean([r["return"] for r in results])),
             m.EVAL_LENGTH: float(np.mean([r["length"] for r in results])),
         }
-        if "final_distance" in results[0]:
-            distances = np.array([r["final_distance"] for r in results])
-            out[m.EVAL_DISTANCE] = float(distances.mean())
-            out[m.EVAL_SUCCESS] = float(np.mean(distances < SUCCESS_DISTANCE))
+        for key in self.info_keys:
+            values = [r["info"][key] for r in results if key in r["info"]]
+            if values:
+                out[m.EVAL_PREFIX + metric_name(key)] = float(np.mean(values))
         return out
 
     def record_video(self, max_frames: int) -> tuple[bytes | None, str | None]:

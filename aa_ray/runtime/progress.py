@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.live import Live
@@ -13,14 +13,26 @@ from rich.table import Table
 
 from aa_ray import metric_names as m
 
+if TYPE_CHECKING:
+    from aa_ray.spec.experiment import ExperimentSpec
+
 _SHOWN_LOSSES = (m.CRITIC_Q_LOSS, m.CRITIC_Q_VALUE, m.ACTOR_LOSS, m.ACTOR_ALPHA, m.ACTOR_ENTROPY)
-_LINE = (m.ENV_STEPS_PER_S, m.LEARNER_UPDATES_PER_S, m.REPLAY_SIZE, m.TRAIN_EPISODE_RETURN, m.EVAL_RETURN,
-         m.EVAL_DISTANCE, *_SHOWN_LOSSES)
+
+
+def task_metric(spec: ExperimentSpec) -> str | None:
+    """The eval metric the progress display shows beside the return: the spec's stop metric (the
+    first stop rule's, unless that is the return itself); None: eval/success where the env has it."""
+    metrics = [rule.metric for rule in spec.budget.stop_rules if rule.metric != m.EVAL_RETURN]
+    return metrics[0] if metrics else None
 
 
 class ProgressDisplay:
-    def __init__(self, title: str, total_env_steps: int, live: bool | None = None, log_every_s: float = 10.0):
+    def __init__(
+        self, title: str, total_env_steps: int, live: bool | None = None, log_every_s: float = 10.0,
+        task_metric: str | None = None,
+    ):
         self.title = title
+        self.task_metric = task_metric  # None: eval/success, once an evaluation has it
         self.total = total_env_steps
         self.console = Console(stderr=True)
         self.live_mode = sys.stderr.isatty() if live is None else live
@@ -59,9 +71,14 @@ class ProgressDisplay:
     def message(self, text: str) -> None:
         self.console.print(text, highlight=False)
 
+    def _shown_task_metric(self) -> str:
+        return self.task_metric or m.EVAL_SUCCESS
+
     def _line(self, env_steps: int) -> str:
         parts = [f"[{self.title}] env_steps {env_steps:,}/{self.total:,}"]
-        for key in _LINE:
+        line = (m.ENV_STEPS_PER_S, m.LEARNER_UPDATES_PER_S, m.REPLAY_SIZE, m.TRAIN_EPISODE_RETURN, m.EVAL_RETURN,
+                self._shown_task_metric(), *_SHOWN_LOSSES)
+        for key in line:
             if key in self.status:
                 parts.append(f"{key} {self.status[key]:.4g}")
         return "  ".join(parts)
@@ -74,10 +91,12 @@ class ProgressDisplay:
         for column in ("throughput", "replay", "last eval", "losses", "time per iteration"):
             stats.add_column(column)
         fmt = lambda k, spec=".4g": f"{s[k]:{spec}}" if k in s else "-"  # noqa: E731
+        task = self._shown_task_metric()
         stats.add_row(
             f"env steps/s {fmt(m.ENV_STEPS_PER_S, '.0f')}\nupdates/s {fmt(m.LEARNER_UPDATES_PER_S, '.0f')}",
             f"size {fmt(m.REPLAY_SIZE, ',.0f')}\nfill {fmt(m.REPLAY_FILL, '.0%')}",
-            f"return {fmt(m.EVAL_RETURN)}\ndistance {fmt(m.EVAL_DISTANCE)}\nat step {fmt(m.EVAL_AT_ENV_STEPS, ',.0f')}",
+            f"return {fmt(m.EVAL_RETURN)}\n{task.removeprefix(m.EVAL_PREFIX)} {fmt(task)}\n"
+            f"at step {fmt(m.EVAL_AT_ENV_STEPS, ',.0f')}",
             "\n".join(f"{k} {fmt(k)}" for k in _SHOWN_LOSSES),
             "\n".join(f"{phase} {s[f'time/{phase}_s'] * 1e3:.1f} ms" for phase in m.PHASES if f"time/{phase}_s" in s),
         )

@@ -31,6 +31,7 @@ learning still starts once `warm_up_steps` online transitions are stored (`loops
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -45,7 +46,7 @@ from aa_ray.data.dataset import checked_prior_data
 from aa_ray.envs import env_dims
 from aa_ray.envs.symmetry import sym_aug_mirror
 from aa_ray.runtime import cluster
-from aa_ray.runtime.cadence import BUDGET, STOPPED_BY_CALLBACK, Cadence
+from aa_ray.runtime.cadence import BUDGET, STOPPED_BY_CALLBACK, Cadence, check_stop_metric
 from aa_ray.runtime.checkpoint import (
     SPEC_FILE,
     STATE_FILE,
@@ -54,7 +55,7 @@ from aa_ray.runtime.checkpoint import (
     save_checkpoint,
     verify_resume,
 )
-from aa_ray.runtime.counters import Counters, Window
+from aa_ray.runtime.counters import RECENT_EPISODES, Counters, Window
 from aa_ray.runtime.env_state import pack, unpack
 from aa_ray.runtime.graph import ActorGraph
 from aa_ray.runtime.health import HealthChecks
@@ -62,7 +63,7 @@ from aa_ray.runtime.learner import planned_fleet_steps
 from aa_ray.runtime.loops import Iteration, make_loop
 from aa_ray.runtime.metrics import RunMetrics, run_tag
 from aa_ray.runtime.phases import Phases
-from aa_ray.runtime.progress import ProgressDisplay
+from aa_ray.runtime.progress import ProgressDisplay, task_metric
 from aa_ray.runtime.remote import ActorLost, LearnerFailed, TrainingError
 from aa_ray.runtime.run_files import EVENTS_FILE, write_event, write_video
 from aa_ray.spec.experiment import ExperimentSpec
@@ -132,6 +133,7 @@ class Trainer:
     # ---- the run -------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         obs, act_dim = env_dims(self.spec)  # a spec whose env cannot be made stops here
+        check_stop_metric(self.spec)  # so does a budget.stop_at metric its evaluations never produce
         sym_aug_mirror(self.spec, obs, act_dim)  # so does a mirror that does not fit the env's kwargs
         prior_path = checked_prior_data(self.spec, obs, act_dim)  # so does a dataset that does not fit it
         replay_table = self._check_resume(obs, act_dim) if self.resume is not None else None
@@ -149,7 +151,8 @@ class Trainer:
             self._start_tracking()
             if self.resume is not None:  # so reports leave out what the interrupted attempt logged past it
                 self._log({m.RUN_RESUMED_AT: float(self.counters.env_steps)}, self.counters.env_steps)
-            with ProgressDisplay(self.spec.name, self.spec.budget.env_steps, live=self.live) as self.progress:
+            with ProgressDisplay(self.spec.name, self.spec.budget.env_steps, live=self.live,
+                                 task_metric=task_metric(self.spec)) as self.progress:
                 stop_reason = self._train()
                 final = self._final_checkpoint(stop_reason)
             result = self._finish(stop_reason, final)
@@ -324,7 +327,7 @@ class Trainer:
             "runners": actors["runners"],
             # normalizer moments collected but not merged yet, and the episodes train/* averages over
             "driver": pack({"pending_stats": self.graph.pending_stats, "returns": list(w.returns),
-                            "distances": list(w.distances)}),
+                            "infos": {key: list(values) for key, values in w.infos.items()}}),
             "mlflow_run_id": self.tracker.run_id if self.tracker else None,
         }
         folder = self.run_dir / "checkpoints" / name
@@ -344,7 +347,10 @@ class Trainer:
             driver = unpack(payload["driver"])
             self.graph.pending_stats = driver["pending_stats"]
             self.window.returns.extend(driver["returns"])
-            self.window.distances.extend(driver["distances"])
+            # (a checkpoint from before task metrics kept one of them under its own name: its train/* average
+            # starts over)
+            for key, values in driver.get("infos", {}).items():
+                self.window.infos[key] = deque(values, maxlen=RECENT_EPISODES)
 
     def _resume_hint(self) -> str:
         if self.last_checkpoint is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, Union
 
@@ -131,21 +132,113 @@ class LearnersSpec(SpecModel):
         return self
 
 
+class StopAtSpec(SpecModel):
+    metric: str = Field(
+        description="an eval metric: eval/return, eval/length, eval/success (where the env reports "
+        "info['is_success']), or eval/<key> of a task metric (the env's declared metadata['info_metrics'] and "
+        "eval.info_metrics). A run whose evaluation cannot produce it is refused at its start"
+    )
+    below: float | None = Field(None, description="stop once an evaluation's metric is below this")
+    above: float | None = Field(None, description="stop once an evaluation's metric is at or above this")
+
+    @field_validator("metric")
+    @classmethod
+    def _an_eval_metric(cls, metric: str) -> str:
+        if not _EVAL_METRIC.fullmatch(metric):
+            raise ValueError(
+                "must name an eval metric, eval/<name> with a simple identifier as the name (eval/return, "
+                "eval/success, eval/distance, ...)"
+            )
+        return metric
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> StopAtSpec:
+        if (self.below is None) == (self.above is None):
+            raise ValueError(
+                f"give exactly one of below, above: the bound {self.metric} has to cross to stop the run (below: "
+                "stop once it is below the bound; above: once it is at or above it)"
+            )
+        return self
+
+    def reached(self, evaluation: dict[str, float]) -> bool:
+        value = evaluation[self.metric]
+        return value < self.below if self.below is not None else value >= self.above
+
+
+_EVAL_METRIC = re.compile(r"eval/[A-Za-z_][A-Za-z0-9_]*")
+
+
 class BudgetSpec(SpecModel):
     env_steps: PositiveInt = Field(description="stop after this many environment transitions")
+    stop_at: StopAtSpec | None = Field(
+        None,
+        description="stop early once an evaluation crosses a bound: {metric: eval/distance, below: 0.009} or "
+        "{metric: eval/return, above: 300} (exactly one of below, above)",
+    )
     stop_at_eval_distance: PositiveFloat | None = Field(
-        None, description="stop early once the mean eval final distance is below this (pusher-reach)"
+        None,
+        description="shorthand for stop_at {metric: eval/distance, below: this} (pusher-reach); skipped on an env "
+        "without eval/distance. With stop_at_eval_return too, the distance decides where the env has one",
     )
     stop_at_eval_return: float | None = Field(
-        None, description="stop early once the mean eval return is at least this"
+        None, description="shorthand for stop_at {metric: eval/return, above: this} (at or above)"
     )
+
+    @model_validator(mode="after")
+    def _one_way_to_stop(self) -> BudgetSpec:
+        if self.stop_at is not None and (self.stop_at_eval_distance, self.stop_at_eval_return) != (None, None):
+            raise ValueError(
+                "budget.stop_at and the shorthands budget.stop_at_eval_distance / budget.stop_at_eval_return say the "
+                "same thing: give budget.stop_at alone"
+            )
+        return self
+
+    @property
+    def stop_rules(self) -> tuple[StopAtSpec, ...]:
+        """The early stops, in the order they decide: the first whose metric an evaluation has decides
+        (budget.stop_at, or the shorthands: the distance before the return, as they always did)."""
+        if self.stop_at is not None:
+            return (self.stop_at,)
+        rules = []
+        if self.stop_at_eval_distance is not None:
+            rules.append(StopAtSpec(metric="eval/distance", below=self.stop_at_eval_distance))
+        if self.stop_at_eval_return is not None:
+            rules.append(StopAtSpec(metric="eval/return", above=self.stop_at_eval_return))
+        return tuple(rules)
 
 
 class EvalSpec(SpecModel):
     every_env_steps: PositiveInt = Field(2000, description="evaluate the deterministic policy this often")
     episodes: PositiveInt = Field(10, description="episodes per evaluation, on separate eval envs")
+    info_metrics: list[str] = Field(
+        default_factory=list,
+        description="numeric keys of the env's step info recorded at each episode's last step: each becomes "
+        "eval/<key> (mean over the eval episodes), train/<key> (mean over the recent training episodes) and a "
+        "rollout's mean_<key>. Added to the metrics the env declares itself in its metadata['info_metrics'] "
+        "(pusher-reach declares distance), so most specs list none; info['is_success'], where the env reports it, "
+        "always gives eval/success and train/success. A key the env does not report is left out",
+    )
     video: bool = Field(False, description="render the first eval episode (offscreen MuJoCo) to a GIF in MLflow")
     video_max_frames: PositiveInt = Field(200, description="frames of each eval video at most")
+
+    @field_validator("info_metrics")
+    @classmethod
+    def _info_keys(cls, keys: list[str]) -> list[str]:
+        from aa_ray.envs.info_metrics import IDENTIFIER, RESERVED  # here: aa_ray.envs imports the spec loader
+
+        bad = [key for key in keys if not IDENTIFIER.fullmatch(key)]
+        if bad:
+            raise ValueError(
+                f"each name must be an info key that is a simple identifier ([A-Za-z_][A-Za-z0-9_]*): it becomes "
+                f"eval/<key> and train/<key>; {', '.join(map(repr, bad))} is not"
+            )
+        taken = [key for key in keys if key in RESERVED]
+        if taken:
+            raise ValueError(
+                f"{', '.join(map(repr, taken))} would clash with the metric of that name aa-ray records itself "
+                f"({', '.join(RESERVED)} are taken; info['is_success'] is recorded as eval/success anyway)"
+            )
+        return list(dict.fromkeys(keys))
 
 
 class CheckpointSpec(SpecModel):

@@ -19,8 +19,9 @@ STORAGE_HELP = (
     "where Tune keeps trial state and checkpoints: a path every node mounts or a URI (s3://, gs://); "
     "default <runtime.output_dir>/tune, which only a single-node cluster can use"
 )
-# What trials report and a sweep may optimize (eval/distance and eval/success exist on pusher-reach).
-SWEEP_METRICS = (m.EVAL_RETURN, m.EVAL_DISTANCE, m.EVAL_SUCCESS, m.EVAL_LENGTH, m.TRAIN_EPISODE_RETURN)
+# What trials report and a sweep may optimize, besides the env's task metrics (eval/<key> and train/<key>,
+# aa_ray/envs/info_metrics.py); eval/success and train/success exist where the env reports is_success.
+SWEEP_METRICS = (m.EVAL_RETURN, m.EVAL_SUCCESS, m.EVAL_LENGTH, m.TRAIN_EPISODE_RETURN, m.TRAIN_SUCCESS)
 
 
 # ---- sweeps ------------------------------------------------------------------------------------
@@ -68,7 +69,12 @@ class SweepSpec(SpecModel):
     base: str = Field(description="the experiment spec every trial starts from (relative to this file)")
     set: dict[str, Any] = Field(default_factory=dict, description="dotted overrides of the base for all trials")
     search_space: dict[str, Domain] = Field(min_length=1, description="dotted spec key -> domain")
-    metric: Literal[SWEEP_METRICS] = Field(m.EVAL_RETURN, description="what ranks the trials (last report)")
+    metric: str = Field(
+        m.EVAL_RETURN,
+        description=f"what ranks the trials (last report): {', '.join(SWEEP_METRICS)}, or eval/<key> or "
+        "train/<key> of a task metric of the base's env (its declared metadata['info_metrics'] and "
+        "eval.info_metrics)",
+    )
     mode: Literal["max", "min"] = "max"
     num_samples: PositiveInt = Field(1, description="samples of the space (each repeats the whole grid)")
     max_concurrent_trials: PositiveInt = Field(1, description="trials running at once")
@@ -114,7 +120,8 @@ def load_sweep(path: str | Path) -> Sweep:
     spec = _model(SweepSpec, read_yaml(path), path)
     base_raw = set_values(read_yaml(path.parent / spec.base), spec.set, source=f"{path} set")
     sweep = Sweep(spec, base_raw, path)
-    validate_spec(base_raw, source=f"{path.parent / spec.base} (the base of {path})")
+    base = validate_spec(base_raw, source=f"{path.parent / spec.base} (the base of {path})")
+    _check_metric(spec.metric, base, path)
     for key, domain in spec.search_space.items():
         for value in domain.probe_values():
             try:
@@ -125,6 +132,23 @@ def load_sweep(path: str | Path) -> Sweep:
     for combination in itertools.product(*grids.values()):  # grids can clash with each other
         sweep.trial_spec(dict(zip(grids, combination, strict=True)))
     return sweep
+
+
+def _check_metric(metric: str, base: ExperimentSpec, path: Path) -> None:
+    """SpecError unless the trials report `metric`: one of SWEEP_METRICS or a task metric of the
+    base's env (made once here to read the ones it declares)."""
+    if metric in SWEEP_METRICS:
+        return
+    from aa_ray.envs.info_metrics import metric_name, task_metric_keys
+
+    names = [metric_name(key) for key in task_metric_keys(base)]
+    reported = [*SWEEP_METRICS, *(prefix + name for name in names for prefix in (m.EVAL_PREFIX, m.TRAIN_PREFIX))]
+    if metric not in reported:
+        raise SpecError(
+            f"{path}: metric {metric!r} is not a metric the trials report; name one of "
+            f"{', '.join(dict.fromkeys(reported))} (a task metric of {base.env.id} comes from the env's "
+            "metadata['info_metrics'] or the base's eval.info_metrics)."
+        )
 
 
 # ---- suites ------------------------------------------------------------------------------------

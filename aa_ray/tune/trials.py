@@ -104,8 +104,8 @@ def rollout_trial(config: dict[str, Any]) -> None:
         run_id = start_run(client, spec.tracking.experiment, tags)
         params = {"episodes": config["episodes"], "policy": config["checkpoint"] or "scripted",
                   "deterministic": config["deterministic"]}
-        names = ("episodes", "transitions", "mean_return", "mean_final_distance")
-        metrics = {k: summary[k] for k in names if k in summary}
+        # mean_return and the env's task metrics (mean_success, mean_<info key>)
+        metrics = {k: v for k, v in summary.items() if k in ("episodes", "transitions") or k.startswith("mean_")}
         retry_locked(lambda: client.log_batch(
             run_id, metrics=[Metric(f"rollout/{k}", float(v), 0, 0) for k, v in metrics.items()],
             params=[Param(k, str(v)) for k, v in params.items()],
