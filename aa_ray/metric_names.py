@@ -2,6 +2,13 @@
 log more diagnostics under the same `section/name` scheme (`critic/q_loss`, `actor/alpha`, ...);
 only the names something depends on live here."""
 
+import re
+
+# task metrics from the env's info (aa_ray/envs/info_metrics.py): an info key, which becomes eval/<key>
+# and train/<key>, is a simple identifier, and none may take the name of a metric the runtime makes itself
+INFO_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+RESERVED_INFO_KEYS = ("return", "length", "success", "at_env_steps", "episode_return")
+
 # counters and throughput (the driver)
 ENV_STEPS = "env/steps"  # Tune's and the reports' time axis
 ENV_EPISODES = "env/episodes"

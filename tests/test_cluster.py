@@ -46,6 +46,7 @@ def two_nodes():
         "WORKER_METRICS_PORT": str(worker_metrics),
     }
     env.pop("RAY_ADDRESS", None)
+    env.pop("MLFLOW_TRACKING_URI", None)  # the nodes get no store of their own: each job names its own
     script = str(ROOT / "cluster" / "local_cluster.sh")
     started = subprocess.run([script, "start"], env=env, capture_output=True, text=True, timeout=300)
     try:

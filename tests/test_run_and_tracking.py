@@ -31,7 +31,7 @@ def aa_ray(*args: str) -> subprocess.CompletedProcess:
 def short_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """One short Pendulum run through the CLI, then a resume that extends its budget."""
     workdir = tmp_path_factory.mktemp("cli")
-    old = os.getcwd()
+    old, old_uri = os.getcwd(), os.environ.get("MLFLOW_TRACKING_URI")
     os.chdir(workdir)
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{workdir / 'mlflow.db'}"
     try:
@@ -68,6 +68,11 @@ def short_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
         }
     finally:
         os.chdir(old)
+        # a later module's tests (and the clusters they start) must not inherit this store
+        if old_uri is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = old_uri
 
 
 def test_cli_run_exits_zero_and_writes_checkpoints(short_run: dict) -> None:

@@ -10,8 +10,9 @@ env reports it, always becomes `eval/success` and `train/success`.
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any
+
+from aa_ray.metric_names import INFO_KEY
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -21,9 +22,6 @@ if TYPE_CHECKING:
 METADATA_KEY = "info_metrics"  # the env's declared task metrics, a list of info keys
 SUCCESS_KEY = "is_success"
 SUCCESS = "success"  # is_success's metric name: eval/success, train/success
-IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# names an info metric cannot take: the eval/* and train/* metrics the runtime makes itself
-RESERVED = ("return", "length", "success", "at_env_steps", "episode_return")
 
 
 def metric_name(key: str) -> str:
@@ -35,7 +33,7 @@ def declared_info_metrics(env: gym.Env | gym.vector.VectorEnv) -> list[str]:
     """The env's own task metrics: `metadata["info_metrics"]` (a vector env's metadata is its first
     copy's). ValueError naming the env's class when they are not a list of simple identifiers."""
     declared = (getattr(env, "metadata", None) or {}).get(METADATA_KEY, [])
-    if isinstance(declared, str) or not all(isinstance(k, str) and IDENTIFIER.fullmatch(k) for k in declared):
+    if isinstance(declared, str) or not all(isinstance(k, str) and INFO_KEY.fullmatch(k) for k in declared):
         owner = type(getattr(env, "unwrapped", env)).__name__
         raise ValueError(
             f"{owner}.metadata[{METADATA_KEY!r}] must be a list of info keys, each a simple identifier "

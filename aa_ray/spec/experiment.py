@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from aa_ray.algos import ALGORITHMS, is_on_policy
+from aa_ray.metric_names import INFO_KEY, RESERVED_INFO_KEYS
 from aa_ray.spec.base import SpecModel
 
 AlgoConfig = Annotated[Union[tuple(entry.config for entry in ALGORITHMS.values())], Field(discriminator="name")]  # noqa: UP007
@@ -132,6 +133,9 @@ class LearnersSpec(SpecModel):
         return self
 
 
+_EVAL_METRIC = re.compile("eval/" + INFO_KEY.pattern)
+
+
 class StopAtSpec(SpecModel):
     metric: str = Field(
         description="an eval metric: eval/return, eval/length, eval/success (where the env reports "
@@ -163,9 +167,6 @@ class StopAtSpec(SpecModel):
     def reached(self, evaluation: dict[str, float]) -> bool:
         value = evaluation[self.metric]
         return value < self.below if self.below is not None else value >= self.above
-
-
-_EVAL_METRIC = re.compile(r"eval/[A-Za-z_][A-Za-z0-9_]*")
 
 
 class BudgetSpec(SpecModel):
@@ -224,19 +225,17 @@ class EvalSpec(SpecModel):
     @field_validator("info_metrics")
     @classmethod
     def _info_keys(cls, keys: list[str]) -> list[str]:
-        from aa_ray.envs.info_metrics import IDENTIFIER, RESERVED  # here: aa_ray.envs imports the spec loader
-
-        bad = [key for key in keys if not IDENTIFIER.fullmatch(key)]
+        bad = [key for key in keys if not INFO_KEY.fullmatch(key)]
         if bad:
             raise ValueError(
                 f"each name must be an info key that is a simple identifier ([A-Za-z_][A-Za-z0-9_]*): it becomes "
                 f"eval/<key> and train/<key>; {', '.join(map(repr, bad))} is not"
             )
-        taken = [key for key in keys if key in RESERVED]
+        taken = [key for key in keys if key in RESERVED_INFO_KEYS]
         if taken:
             raise ValueError(
                 f"{', '.join(map(repr, taken))} would clash with the metric of that name aa-ray records itself "
-                f"({', '.join(RESERVED)} are taken; info['is_success'] is recorded as eval/success anyway)"
+                f"({', '.join(RESERVED_INFO_KEYS)} are taken; info['is_success'] is recorded as eval/success anyway)"
             )
         return list(dict.fromkeys(keys))
 
