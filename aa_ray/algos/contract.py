@@ -2,7 +2,7 @@
 
 The learner (`aa_ray.runtime.learner`) holds one object that satisfies `Algorithm` and calls only
 the methods below. A new algorithm is one file that defines a pydantic config (with a `name`
-literal), a `make_policy(config, obs_dim, act_dim)` for the env runners and a class with these
+literal), a `make_policy(config, obs, act_dim)` for the env runners and a class with these
 methods; `aa_ray.algos.ALGORITHMS` registers it. Nothing in the runtime reads an algorithm's
 attributes.
 """
@@ -30,7 +30,7 @@ class Health(NamedTuple):
 
 
 class Algorithm(Protocol):
-    """Built as `cls(config, obs_dim, act_dim, device, planned_steps)`; `planned_steps` is the
+    """Built as `cls(config, obs, act_dim, device, planned_steps)` (`obs`: an `ObsDims`); `planned_steps` is the
     number of fleet steps the run will learn from (for learning-rate schedules)."""
 
     def update(self, batch: Any) -> dict[str, Tensor]:
