@@ -46,19 +46,15 @@ def id_module(env_id: str) -> str | None:
     return env_id.split(":", 1)[0] if ":" in env_id else None
 
 
-def package_roots(py_modules: Sequence[str]) -> list[Path]:
-    """The folders to put on the import path for `env.py_modules` (each a package folder or a
-    single .py file, resolved against the current directory): their parents."""
-    return [Path(os.path.abspath(path)).parent for path in py_modules]
-
-
 def add_local_packages(py_modules: Sequence[str]) -> None:
-    """Make `env.py_modules` importable in this process. A path that does not exist here is
+    """Make `env.py_modules` (package folders, resolved against the current directory) importable in
+    this process: their parent folders go on the import path. A path that does not exist here is
     skipped: on a Ray worker of another node the package arrives through the runtime env instead,
     and an import that still fails names the path."""
-    for root, path in zip(package_roots(py_modules), py_modules, strict=True):
-        if os.path.exists(path) and str(root) not in sys.path:
-            sys.path.insert(0, str(root))
+    for path in py_modules:
+        root = str(Path(os.path.abspath(path)).parent)
+        if os.path.exists(path) and root not in sys.path:
+            sys.path.insert(0, root)
 
 
 def import_module(name: str, field: str, env: EnvSource) -> Any:
@@ -77,28 +73,31 @@ def import_module(name: str, field: str, env: EnvSource) -> Any:
         ) from err
 
 
+def import_object(path: str, field: str, env: EnvSource, what: str) -> Any:
+    """The object `module:attr` (attr may be dotted) names, for the spec field `field`; `what` says
+    what it should be, for the error when the form is wrong."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise EnvSourceError(f"{field}: {path!r} is not of the form module:{what}.")
+    target = import_module(module_name, field, env)
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            hint = (
+                " It names a creator defined in a script or notebook: pass the same function again "
+                "(load_policy(checkpoint, env_creator=...), Experiment(..., env_creator=...))."
+                if module_name == "__main__" else ""
+            )
+            raise EnvSourceError(f"{field}: module {module_name!r} has no attribute {attr!r}.{hint}")
+        target = getattr(target, part)
+    return target
+
+
 def resolve_entry_point(entry_point: str | Callable[..., gym.Env], env: EnvSource) -> Callable[..., gym.Env]:
     """The env class or creator `module:attr` names (a callable is itself). Refuses a class that is
     not a gymnasium Env and anything that is not callable."""
-    if callable(entry_point):
-        target = entry_point
-    else:
-        module_name, sep, attr = entry_point.partition(":")
-        if not sep or not module_name or not attr:
-            raise EnvSourceError(
-                f"env.entry_point: {entry_point!r} is not of the form 'module:ClassOrFunction' "
-                "(e.g. mypkg.envs:MyRobotEnv)."
-            )
-        target = import_module(module_name, "env.entry_point", env)
-        for part in attr.split("."):
-            if not hasattr(target, part):
-                hint = (
-                    " It names a creator defined in a script or notebook: pass the same function again "
-                    "(load_policy(checkpoint, env_creator=...), Experiment(..., env_creator=...))."
-                    if module_name == "__main__" else ""
-                )
-                raise EnvSourceError(f"env.entry_point: module {module_name!r} has no attribute {attr!r}.{hint}")
-            target = getattr(target, part)
+    target = entry_point if callable(entry_point) else import_object(
+        entry_point, "env.entry_point", env, "ClassOrFunction (e.g. mypkg.envs:MyRobotEnv)"
+    )
     if isinstance(target, type) and not issubclass(target, gym.Env):
         raise EnvSourceError(
             f"env.entry_point: {entry_point!r} is a class but not a gymnasium Env (a subclass of gymnasium.Env); "

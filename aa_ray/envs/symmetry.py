@@ -33,7 +33,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import load_env_creator
 
-from aa_ray.envs.source import import_module, prepare, registered_id, resolve_entry_point
+from aa_ray.envs.source import import_object, prepare, registered_id, resolve_entry_point
 from aa_ray.nets.policy import ObsDims
 from aa_ray.spec.loader import SpecError
 
@@ -152,13 +152,8 @@ def find_mirror(env: Any) -> Mirror | None:
     naming where the mirror came from, when it is not a valid mirror (not an involution, ...)."""
     if env.mirror is not None:
         prepare(env)  # a learner's process imports the user's modules here
-        module_name, _, attr = env.mirror.partition(":")
-        declared = import_module(module_name, "env.mirror", env)
-        for part in attr.split("."):
-            if not hasattr(declared, part):
-                raise ValueError(f"env.mirror: module {module_name!r} has no attribute {attr!r}")
-            declared = getattr(declared, part)
-        return as_mirror(declared, f"env.mirror {env.mirror}")
+        return as_mirror(import_object(env.mirror, "env.mirror", env, "MIRROR (e.g. mypkg.envs:MIRROR)"),
+                         f"env.mirror {env.mirror}")
     if env.entry_point is None and (own := mirror_for(env.id)) is not None:
         return own
     declared = (getattr(env_class(env), "metadata", None) or {}).get("mirror")
