@@ -34,7 +34,7 @@ REPLAY_PRIOR_SIZE = "replay/prior_size"
 # learner (the learner and the driver's health checks)
 LEARNER_UPDATE_TIME_S = "learner/update_time_s"
 LEARNER_UPDATES_PER_S = "learner/updates_per_s"
-LEARNER_CRITIC_UPDATES = "learner/critic_updates"
+LEARNER_GRADIENT_UPDATES = "learner/gradient_updates"
 LEARNER_SKIPPED_UPDATES = "learner/skipped_updates"
 LEARNER_CONSECUTIVE_SKIPS = "learner/consecutive_skips"
 LEARNER_COMPILED = "learner/compiled"  # 1 while the update runs compiled (learners.compile)

@@ -127,21 +127,23 @@ def command_line() -> str:
     return " ".join([".venv/bin/python", *[a for a in sys.argv if a]])
 
 
-def random_transitions(n: int, obs_dim: int, act_dim: int, seed: int = 0) -> dict[str, Any]:
+def random_transitions(n: int, obs_dim: int, act_dim: int, seed: int = 0) -> Any:
     """`n` replay rows of random transitions (rewards in pusher-reach's range): learner benchmarks
     time the update, so the data only needs the right shapes and plausible scales."""
     import numpy as np
 
+    from aa_ray.records import Transitions
+
     rng = np.random.default_rng(seed)
-    return {
-        "obs": rng.normal(size=(n, obs_dim)).astype(np.float32),
-        "action": rng.uniform(-1, 1, (n, act_dim)).astype(np.float32),
-        "reward": -rng.uniform(0, 0.3, n).astype(np.float32),
-        "next_obs": rng.normal(size=(n, obs_dim)).astype(np.float32),
-        "terminated": np.zeros(n, np.float32),
-        "truncated": np.zeros(n, np.float32),
-        "discount": np.full(n, 0.99, np.float32),
-    }
+    return Transitions(
+        obs=rng.normal(size=(n, obs_dim)).astype(np.float32),
+        action=rng.uniform(-1, 1, (n, act_dim)).astype(np.float32),
+        reward=-rng.uniform(0, 0.3, n).astype(np.float32),
+        next_obs=rng.normal(size=(n, obs_dim)).astype(np.float32),
+        terminated=np.zeros(n, np.float32),
+        truncated=np.zeros(n, np.float32),
+        discount=np.full(n, 0.99, np.float32),
+    )
 
 
 def run_part(args: argparse.Namespace, parts: dict[str, Any]) -> None:

@@ -53,7 +53,7 @@ def learner_rate(spec_file: str, updates: int) -> Callable[[], float]:
     def run() -> float:
         samples = replay.sample(updates, batch)
         start = time.perf_counter()
-        learner.update(samples, [])
+        learner.update([], samples)
         return updates / (time.perf_counter() - start)
 
     return run

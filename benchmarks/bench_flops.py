@@ -43,7 +43,7 @@ BATCH, FLEET_STEPS = 256, 10
 def updates_per_s(learner: Learner, replay: ReplayBuffer) -> float:
     samples = replay.sample(FLEET_STEPS, BATCH)
     start = time.perf_counter()
-    learner.update(samples, [])
+    learner.update([], samples)
     return FLEET_STEPS / (time.perf_counter() - start)
 
 

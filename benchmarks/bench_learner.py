@@ -6,7 +6,7 @@ polyak update of the target critics. Networks: 256x256 ReLU MLPs, twin critics, 
 actor, one Adam per part; torch.set_num_threads(1) in this process for both.
 
 - ours: `ReplayBuffer.sample(train_every, 256)` (one stacked draw per learner call, as the replay
-  actor does) + `Learner.update(samples, [])` (Batch.from_numpy copy, the SAC update loop and the
+  actor does) + `Learner.update([], samples)` (Batch.from_transitions copy, the SAC update loop and the
   once-per-call diagnostics). No Ray: both run in this process.
 - reference: written here, the shape of a single-file SAC script: two separate critic
   nn.Sequential MLPs and two target copies, an actor with separate mean/log-std heads, a numpy
@@ -15,7 +15,7 @@ actor, one Adam per part; torch.set_num_threads(1) in this process for both.
 
 Also measured, to separate compute from data handling: both sides on one pre-made batch reused
 ("update only"): ours calls `Learner.algo.update` directly, one fleet step's slice at a time
-(what `Learner.update` does after `Batch.from_numpy`). And the reference with
+(what `Learner.update` does after `Batch.from_transitions`). And the reference with
 `torch.optim.Adam(fused=True)` (update only): torch's default Adam on the CPU is the per-parameter
 for-loop implementation, while aa-ray's SAC asks for the fused one.
 
@@ -46,7 +46,7 @@ from _common import (  # noqa: E402
     write_json,
 )
 
-from aa_ray.algos.common import Batch  # noqa: E402
+from aa_ray.records import Batch  # noqa: E402
 from aa_ray.runtime.learner import Learner  # noqa: E402
 from aa_ray.runtime.replay import ReplayBuffer  # noqa: E402
 from aa_ray.spec.loader import load_spec  # noqa: E402
@@ -106,8 +106,8 @@ class ReferenceSAC:
         self.alpha = self.log_alpha.exp().item()
         self.target_entropy = -float(act_dim)
         # replay: plain numpy arrays, filled already
-        self.obs, self.act, self.rew = data["obs"], data["action"], data["reward"]
-        self.next_obs, self.done = data["next_obs"], data["terminated"]
+        self.obs, self.act, self.rew = data.obs, data.action, data.reward
+        self.next_obs, self.done = data.next_obs, data.terminated
         self.size = len(self.rew)
         self.rng = np.random.default_rng(seed)
 
@@ -183,7 +183,7 @@ def make_contenders(obs_dim: int, act_dim: int, updates: int):
     ref_fused = ReferenceSAC(obs_dim, act_dim, data, fused=True)
     torch.set_num_threads(1)  # Learner sets it from the spec (1); make the intent explicit
 
-    fixed = Batch.from_numpy(replay.sample(per_call, BATCH), learner.device)
+    fixed = Batch.from_transitions(replay.sample(per_call, BATCH), learner.device)
     utd = spec.algo.utd_ratio
     # what Learner.update hands the algorithm: one utd-sized slice of the stack per fleet step
     fixed_steps = [Batch(*(t[i * utd : (i + 1) * utd] for t in fixed)) for i in range(per_call // utd)]
@@ -192,7 +192,7 @@ def make_contenders(obs_dim: int, act_dim: int, updates: int):
     def ours() -> float:
         start = time.perf_counter()
         for _ in range(calls):
-            learner.update(replay.sample(per_call, BATCH), [])
+            learner.update([], replay.sample(per_call, BATCH))
         return n_updates / (time.perf_counter() - start)
 
     def reference() -> float:

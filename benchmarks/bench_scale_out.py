@@ -88,7 +88,7 @@ def part_replay(args) -> dict:
     def consumed() -> float:  # batches/s one learner trains on
         samples = local.sample(num_batches, algo.batch_size)
         start = time.perf_counter()
-        learner.update(samples, [])
+        learner.update([], samples)
         return num_batches / (time.perf_counter() - start)
 
     rates = alternate(

@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import SPECS, machine_info, print_machine, print_table  # noqa: E402
 from _timed import trainer_overrides  # noqa: E402
 
-from aa_ray.algos.common import Batch  # noqa: E402
 from aa_ray.envs import env_dims  # noqa: E402
+from aa_ray.records import Batch  # noqa: E402
 from aa_ray.runtime.env_runner import EnvRunner  # noqa: E402
 from aa_ray.runtime.learner import Learner  # noqa: E402
 from aa_ray.runtime.replay import ReplayBuffer  # noqa: E402
@@ -49,7 +49,7 @@ def count_subnormal(tensors: list[torch.Tensor]) -> int:
 
 def profile_call(learner: Learner, replay: ReplayBuffer, num: int, batch_size: int) -> tuple[float, float]:
     """(fused-Adam µs per update, all ops µs per update) over one learner call of `num` updates."""
-    stack = Batch.from_numpy(replay.sample(num, batch_size), learner.device)
+    stack = Batch.from_transitions(replay.sample(num, batch_size), learner.device)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for i in range(num):
             learner.algo.update(Batch(*(t[i : i + 1] for t in stack)))
@@ -85,8 +85,8 @@ def main() -> None:
             pending = []
             runner.set_weights(*learner.policy_state())
         replay.add(transitions)
-        steps += stats["env_steps"]
-        pending.append(stats["norm_stats"])
+        steps += stats.env_steps
+        pending.append(stats.moments)
         learning = learning or steps >= algo.warm_up_steps
         if steps >= next_report:
             next_report += 1000

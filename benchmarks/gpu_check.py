@@ -286,7 +286,7 @@ def flops_per_update(spec: Any, samples: dict[str, Any]) -> float:
     eager = spec.model_copy(update={"learners": spec.learners.model_copy(update={"compile": "off"})})
     learner = Learner(eager, OBS_DIM, ACT_DIM)
     with FlopCounterMode(display=False) as counter:
-        learner.update(samples, [])  # one batch: (1, batch, ...)
+        learner.update([], samples)  # one batch: (1, batch, ...)
     return float(counter.get_total_flops())
 
 
@@ -309,7 +309,7 @@ def time_config(config: Config, args: argparse.Namespace, replay: Any, device: A
     try:
         with time_limit(compile_cap_s if config.compile != "off" else 0):
             for samples in sets[:2]:  # the first call compiles (when on); the second settles allocators
-                learner.update(samples, [])
+                learner.update([], samples)
             synchronize(device)
     except StepTimeout as err:
         row["status"] = f"compile timed out ({err})" if config.compile != "off" else f"warm-up timed out ({err})"
@@ -323,7 +323,7 @@ def time_config(config: Config, args: argparse.Namespace, replay: Any, device: A
         row["compile_note"] = "no graph was compiled: this row ran eagerly"
     updates, start = 0, time.perf_counter()
     while time.perf_counter() - start < args.timed_s or updates == 0:
-        learner.update(sets[updates // args.chunk % len(sets)], [])  # reads diagnostics: syncs the device
+        learner.update([], sets[updates // args.chunk % len(sets)])  # reads diagnostics: syncs the device
         updates += args.chunk
     synchronize(device)
     elapsed = time.perf_counter() - start

@@ -14,12 +14,11 @@ import pytest
 import torch
 import yaml
 
-from aa_ray.algos import ALGORITHMS, build_algorithm, is_on_policy, migrate_old_knobs
-from aa_ray.algos.common import Batch
+from aa_ray.algos import ALGORITHMS, build_algorithm, migrate_old_knobs
 from aa_ray.algos.contract import Health, diagnostics_to_floats
-from aa_ray.algos.ppo import Rollout
 from aa_ray.metric_names import CRITIC_PRIOR_ONLINE_Q_GAP, CRITIC_PRIOR_Q, RLPD_DIAGNOSTICS
 from aa_ray.nets.distributional import expected_value
+from aa_ray.records import Batch, Rollout
 from aa_ray.spec.loader import validate_spec
 
 OBS_DIM, ACT_DIM, BATCH = 3, 2, 8
@@ -34,12 +33,12 @@ SMALL = {  # small networks and every normalizer on, so merge_stats has somethin
     "td3": {"actor_hidden_dims": [16], "critic_hidden_dims": [16], "policy_delay": 1},
     "ppo": {"actor_hidden_dims": [16], "critic_hidden_dims": [16], "ppo_epochs": 2, "num_minibatches": 2},
 }
-OFF_POLICY = [name for name, entry in ALGORITHMS.items() if not entry.on_policy]
+OFF_POLICY = [name for name, entry in ALGORITHMS.items() if entry.config.family == "off_policy"]
 
 
 def config(name: str, **extra):
     knobs = {**SMALL[name], **extra}
-    if not ALGORITHMS[name].on_policy:
+    if name in OFF_POLICY:
         knobs |= {"batch_size": BATCH, "normalize_obs": True, "normalize_reward": True}
     return ALGORITHMS[name].config(**knobs)
 
@@ -71,7 +70,7 @@ def rollout(seed: int = 0, steps: int = 8, envs: int = 2) -> Rollout:
 
 
 def data_for(name: str, seed: int = 0):
-    return rollout(seed) if ALGORITHMS[name].on_policy else off_policy_batch(seed=seed)
+    return off_policy_batch(seed=seed) if name in OFF_POLICY else rollout(seed)
 
 
 def merge_some_stats(algo) -> None:
@@ -121,8 +120,11 @@ def test_state_dict_round_trips_into_a_fresh_instance(name: str) -> None:
         assert torch.equal(a, b), key
 
 
-def test_registry_says_who_learns_on_policy() -> None:
-    assert [name for name in ALGORITHMS if is_on_policy(config(name))] == ["ppo"]
+def test_each_config_names_its_family() -> None:
+    assert {name: entry.config.family for name, entry in ALGORITHMS.items() if name not in OFF_POLICY} == {
+        "ppo": "on_policy"
+    }
+    assert {type(config(name)).replay_actor for name in OFF_POLICY} == {True}
 
 
 # --- RLPD diagnostics ---------------------------------------------------------------------------

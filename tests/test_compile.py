@@ -28,7 +28,7 @@ def train(compile_setting: str) -> tuple[Learner, dict[str, float]]:
     replay.add(random_transitions(1000, OBS_DIM, ACT_DIM))
     learner = Learner(load_spec(SPECS / "sac.yaml", [*SMALL, f"learners.compile={compile_setting}"]), OBS_DIM, ACT_DIM)
     for _ in range(3):
-        info = learner.update(replay.sample(4, 32), [])
+        info = learner.update([], replay.sample(4, 32)).metrics
     return learner, info
 
 

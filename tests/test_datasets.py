@@ -19,6 +19,7 @@ from aa_ray import cli
 from aa_ray.data import dataset as ds
 from aa_ray.data.dataset import DatasetError, DatasetMeta, read_dataset, write_dataset
 from aa_ray.data.rollout import policy_from_checkpoint
+from aa_ray.records import Transitions
 from aa_ray.runtime.checkpoint import save_checkpoint
 from aa_ray.runtime.env_runner import EnvRunner
 from aa_ray.runtime.learner import Learner
@@ -161,16 +162,16 @@ def test_files_that_are_not_datasets_are_rejected(tmp_path: Path, good_dataset: 
 # ---- RLPD: the replay's prior buffer ------------------------------------------------------------
 
 
-def online_chunk(n: int, obs_dim: int = 10) -> dict[str, np.ndarray]:
-    return {
-        "obs": np.full((n, obs_dim), 7.0, np.float32),
-        "action": np.zeros((n, 2), np.float32),
-        "reward": np.ones(n, np.float32),  # online rows: reward +1 ...
-        "next_obs": np.zeros((n, obs_dim), np.float32),
-        "terminated": np.zeros(n, np.float32),
-        "truncated": np.zeros(n, np.float32),
-        "discount": np.full(n, 0.9**3, np.float32),  # ... and a 3-step discount
-    }
+def online_chunk(n: int, obs_dim: int = 10) -> Transitions:
+    return Transitions(
+        obs=np.full((n, obs_dim), 7.0, np.float32),
+        action=np.zeros((n, 2), np.float32),
+        reward=np.ones(n, np.float32),  # online rows: reward +1 ...
+        next_obs=np.zeros((n, obs_dim), np.float32),
+        terminated=np.zeros(n, np.float32),
+        truncated=np.zeros(n, np.float32),
+        discount=np.full(n, 0.9**3, np.float32),  # ... and a 3-step discount
+    )
 
 
 @pytest.mark.parametrize(("ratio", "batch_size", "expected"), [(0.5, 8, 4), (0.25, 8, 2), (0.5, 256, 128), (0.0, 8, 0)])
@@ -188,19 +189,19 @@ def test_rlpd_batches_are_prior_rows_then_online_rows_exactly_at_ratio(
 
     assert prior_rows(batch_size, ratio) == expected
     batch = replay.sample(num_batches=5, batch_size=batch_size)
-    assert batch["obs"].shape == (5, batch_size, 10)
-    assert np.all(batch["reward"][:, :expected] == -1.0) and np.all(batch["reward"][:, expected:] == 1.0)
+    assert batch.obs.shape == (5, batch_size, 10)
+    assert np.all(batch.reward[:, :expected] == -1.0) and np.all(batch.reward[:, expected:] == 1.0)
     # prior rows are 1-step transitions (discount gamma); online rows keep their own discount
-    assert np.all(batch["discount"][:, :expected] == np.float32(0.9))
-    assert np.all(batch["discount"][:, expected:] == np.float32(0.9**3))
+    assert np.all(batch.discount[:, :expected] == np.float32(0.9))
+    assert np.all(batch.discount[:, expected:] == np.float32(0.9**3))
     # and their fields stay aligned row by row with the dataset
-    rows = batch["obs"][:, :expected].reshape(-1, 10)
+    rows = batch.obs[:, :expected].reshape(-1, 10)
     matches = (rows[:, None, :] == prior[ds.OBS][None]).all(-1)
     assert np.all(matches.sum(1) == 1)
     if expected:
         index = matches.argmax(1)
-        np.testing.assert_array_equal(batch["action"][:, :expected].reshape(-1, 2), prior[ds.ACTIONS][index])
-        np.testing.assert_array_equal(batch["terminated"][:, :expected].reshape(-1), prior[ds.TERMINATEDS][index])
+        np.testing.assert_array_equal(batch.action[:, :expected].reshape(-1, 2), prior[ds.ACTIONS][index])
+        np.testing.assert_array_equal(batch.terminated[:, :expected].reshape(-1), prior[ds.TERMINATEDS][index])
 
 
 def test_replay_refuses_a_prior_dataset_for_other_dims(tmp_path: Path) -> None:
@@ -301,7 +302,7 @@ def test_a_checkpoint_whose_algo_does_not_fit_the_rollout_spec_is_refused(tmp_pa
     assert code == 2 and "with the algo of checkpoint" in err and "runtime.mode async needs an off-policy" in err
     assert not ray.is_initialized() and not out.exists()
     rolled, _ = policy_from_checkpoint(load_spec(SPECS / "sac.yaml"), tmp_path / "ckpt")  # sync: it fits
-    assert rolled.algo.name == "ppo" and rolled.on_policy
+    assert rolled.algo.name == "ppo" and rolled.algo.family == "on_policy"
 
 
 # ---- EnvRunner.rollout, in-process ---------------------------------------------------------------
@@ -344,7 +345,7 @@ def test_env_runner_rollout_returns_whole_numbered_episodes_and_carries_the_rest
     assert first[ds.NEXT_OBS][:, 0].tolist() == [1, 2, 3, 4] * 3
     assert first[ds.TRUNCATEDS].tolist() == [False, False, False, True] * 3 and not first[ds.TERMINATEDS].any()
     assert first[ds.ACTIONS].min() >= -1 and first[ds.ACTIONS].max() <= 1  # policy space, not the env's +-2
-    assert [s["return"] for s in stats] == [10.0] * 3
+    assert [s.episode_return for s in stats] == [10.0] * 3
     # the 4th episode (finished alongside the 3rd) was kept for the next call
     second, _ = runner.rollout(2, first_eps_id=13)
     assert second[ds.EPS_ID].tolist() == [13] * 4 + [14] * 4 and second[ds.T].tolist() == [0, 1, 2, 3] * 2

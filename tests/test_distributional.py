@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from aa_ray.algos.common import Batch
 from aa_ray.nets.distributional import make_support, project_distribution, saturation
 from aa_ray.nets.simba import HyperKernel
+from aa_ray.records import Batch, NormMoments, Transitions
 from aa_ray.runtime.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from aa_ray.runtime.learner import Learner
 from aa_ray.spec.loader import apply_overrides, validate_spec
@@ -107,27 +107,28 @@ def small_spec(algo: str, **extra: str):
     return validate_spec(apply_overrides(raw, [f"{k}={v}" for k, v in extra.items()]))
 
 
-def random_samples(num_batches: int, batch_size: int, seed: int = 0) -> dict[str, np.ndarray]:
+def random_samples(num_batches: int, batch_size: int, seed: int = 0) -> Transitions:
     rng = np.random.default_rng(seed)
     shape = (num_batches, batch_size)
-    return {
-        "obs": rng.normal(size=(*shape, OBS_DIM)).astype(np.float32),
-        "action": rng.uniform(-1, 1, size=(*shape, ACT_DIM)).astype(np.float32),
-        "reward": rng.normal(size=shape).astype(np.float32),
-        "next_obs": rng.normal(size=(*shape, OBS_DIM)).astype(np.float32),
-        "terminated": (rng.random(shape) < 0.2).astype(np.float32),
-        "discount": np.full(shape, 0.99, np.float32),
-    }
+    terminated = (rng.random(shape) < 0.2).astype(np.float32)
+    return Transitions(
+        obs=rng.normal(size=(*shape, OBS_DIM)).astype(np.float32),
+        action=rng.uniform(-1, 1, size=(*shape, ACT_DIM)).astype(np.float32),
+        reward=rng.normal(size=shape).astype(np.float32),
+        next_obs=rng.normal(size=(*shape, OBS_DIM)).astype(np.float32),
+        terminated=terminated, truncated=np.zeros_like(terminated),
+        discount=np.full(shape, 0.99, np.float32),
+    )
 
 
-NORM_STATS = [{"obs": (5, np.zeros(OBS_DIM), np.ones(OBS_DIM)), "return": (5, -1.0, 2.0, 3.0)}]
+NORM_STATS = [NormMoments((5, np.zeros(OBS_DIM), np.ones(OBS_DIM)), (5, -1.0, 2.0, 3.0))]
 
 
 @pytest.mark.parametrize("algo", ["sac_dist", "sac_dist_simba"])
 def test_update_reports_diagnostics(algo: str) -> None:
     learner = Learner(small_spec(algo), OBS_DIM, ACT_DIM)
     critic_before = [p.detach().clone() for p in learner.algo.critic.parameters()]
-    info = learner.update(random_samples(4, 8), NORM_STATS)
+    info = learner.update(NORM_STATS, random_samples(4, 8)).metrics
     for key in ("critic/q_loss", "critic/q_value", "critic/td_target", "critic/support_saturation_low",
                 "critic/support_saturation_high", "actor/alpha", "actor/loss"):
         assert np.isfinite(info[key]), key
@@ -159,10 +160,10 @@ def test_target_projects_the_pessimistic_critic_per_sample(algo: str) -> None:
     algo_obj = Learner(spec, OBS_DIM, ACT_DIM).algo
     algo_obj.critic_target.forward = FixedLogits().forward  # keeps the parameters the polyak step moves
     samples = random_samples(1, 2)
-    samples["reward"][:] = 0.5
-    samples["terminated"][:] = 0.0
-    samples["discount"][:] = 0.5
-    info = algo_obj.update(Batch.from_numpy(samples, torch.device("cpu")))  # one critic step, then the actor
+    samples.reward[:] = 0.5
+    samples.terminated[:] = 0.0
+    samples.discount[:] = 0.5
+    info = algo_obj.update(Batch.from_transitions(samples, torch.device("cpu")))  # one critic step, then the actor
     # both samples take the -2 critic: target 0.5 + 0.5 * (-2) = -0.5 each (an optimist would give +1.5)
     assert float(info["critic/td_target"]) == pytest.approx(-0.5, abs=1e-6)
 
@@ -171,7 +172,7 @@ def test_target_projects_the_pessimistic_critic_per_sample(algo: str) -> None:
 def test_checkpoint_round_trip_restores_parameters(tmp_path: Path, algo: str) -> None:
     spec = small_spec(algo)
     learner = Learner(spec, OBS_DIM, ACT_DIM)
-    learner.update(random_samples(4, 8), NORM_STATS)
+    learner.update(NORM_STATS, random_samples(4, 8))
 
     save_checkpoint(tmp_path / "ckpt", spec, {"learner": learner.state_dict()})
     payload = load_checkpoint(tmp_path / "ckpt")
@@ -188,9 +189,9 @@ def test_checkpoint_round_trip_restores_parameters(tmp_path: Path, algo: str) ->
     # the same next update from both gives the same numbers (optimizer moments restored too)
     samples = random_samples(2, 8, seed=1)
     torch.manual_seed(0)
-    a = learner.update(samples, [])
+    a = learner.update([], samples).metrics
     torch.manual_seed(0)
-    b = restored.update(samples, [])
+    b = restored.update([], samples).metrics
     assert a["critic/q_loss"] == b["critic/q_loss"] and a["actor/loss"] == b["actor/loss"]
 
 

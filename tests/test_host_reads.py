@@ -14,6 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from _common import HostReads, random_transitions  # noqa: E402
 
+from aa_ray.records import RolloutChunk  # noqa: E402
 from aa_ray.runtime.learner import Learner  # noqa: E402
 from aa_ray.runtime.replay import ReplayBuffer  # noqa: E402
 from aa_ray.spec.loader import load_spec  # noqa: E402
@@ -38,10 +39,10 @@ def reads_per_update(spec_name: str, overrides: list[str], fleet_steps: int) -> 
     learner = Learner(spec, OBS_DIM, ACT_DIM)
     replay = ReplayBuffer(512, OBS_DIM, ACT_DIM, seed=0)
     replay.add(random_transitions(512, OBS_DIM, ACT_DIM))
-    learner.update(replay.sample(2 * fleet_steps, 16), [])  # first call: lazy optimizer state
+    learner.update([], replay.sample(2 * fleet_steps, 16))  # first call: lazy optimizer state
     samples = replay.sample(2 * fleet_steps, 16)
     with HostReads() as reads:
-        learner.update(samples, [])
+        learner.update([], samples)
     return reads.count
 
 
@@ -51,17 +52,17 @@ def test_off_policy_host_reads_do_not_grow_with_fleet_steps(spec_name: str) -> N
     assert one == many == 1, (one, many)  # the diagnostics' one transfer, nothing per gradient step
 
 
-def rollout(steps: int, envs: int) -> dict[str, np.ndarray]:
+def rollout(steps: int, envs: int) -> RolloutChunk:
     rng = np.random.default_rng(0)
     columns = {key: rng.normal(size=(steps, envs)).astype(np.float32)
                for key in ("log_prob", "value", "reward", "next_value")}
     ended = np.zeros((steps, envs), np.float32)
     ended[steps // 2] = 1.0
-    return columns | {
-        "obs": rng.normal(size=(steps, envs, OBS_DIM)).astype(np.float32),
-        "action": rng.normal(size=(steps, envs, ACT_DIM)).astype(np.float32),
-        "terminated": ended, "truncated": ended[::-1].copy(),
-    }
+    return RolloutChunk(
+        obs=rng.normal(size=(steps, envs, OBS_DIM)).astype(np.float32),
+        action=rng.normal(size=(steps, envs, ACT_DIM)).astype(np.float32),
+        terminated=ended, truncated=ended[::-1].copy(), **columns,
+    )
 
 
 @pytest.mark.parametrize("desired_kl", ["null", "0.01"])  # the KL-adaptive lr moves on the device too
@@ -70,9 +71,9 @@ def test_ppo_host_reads_do_not_grow_with_fleet_steps_or_minibatches(desired_kl: 
         spec = load_spec(SPECS / "ppo.yaml", [*MLP, f"algo.train_every={steps}", "algo.ppo_epochs=2",
                                               f"algo.num_minibatches={minibatches}", f"algo.desired_kl={desired_kl}"])
         learner = Learner(spec, OBS_DIM, ACT_DIM)
-        learner.update_rollouts([], rollout(steps, 4))
+        learner.update([], rollout(steps, 4))
         with HostReads() as counted:
-            learner.update_rollouts([], rollout(steps, 4))
+            learner.update([], rollout(steps, 4))
         return counted.count
 
     one, many = reads(4, 1), reads(16, 4)

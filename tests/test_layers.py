@@ -150,17 +150,17 @@ WITHOUT_RAY = textwrap.dedent(
     runner = EnvRunner(spec, index=0)
     warm_up, stats = runner.sample(5, random_actions=True)
     acting, _ = runner.sample(5, random_actions=False)
-    assert stats["env_steps"] == 10 and warm_up["obs"].shape == (10, obs_dim), stats
+    assert stats.env_steps == 10 and warm_up.obs.shape == (10, obs_dim), stats
     assert np.isfinite(runner.evaluate(1)["eval/return"])
     replay = ReplayBuffer(100, obs_dim, act_dim, seed=spec.seed)
     assert replay.add(warm_up, acting) == 20
     batch = replay.sample(3, 4)
-    assert batch["obs"].shape == (3, 4, obs_dim) and batch["action"].shape == (3, 4, act_dim)
+    assert batch.obs.shape == (3, 4, obs_dim) and batch.action.shape == (3, 4, act_dim)
     learner = Learner(spec, obs_dim, act_dim)
     before, _ = learner.policy_state()
-    info = learner.update(batch, [stats["norm_stats"]])
+    info = learner.update([stats.moments], batch).metrics
     after, version = learner.policy_state()
-    assert info["learner/critic_updates"] == 3 and np.isfinite(info["critic/q_loss"]) and version == 1, info
+    assert info["learner/gradient_updates"] == 3 and np.isfinite(info["critic/q_loss"]) and version == 1, info
     assert any((after[name] != before[name]).any() for name in before), "the update changed no policy weight"
     assert not [name for name in sys.modules if name == "ray" or name.startswith("ray.")]
     print("sampled and trained without ray")

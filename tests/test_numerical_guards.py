@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from aa_ray.records import Transitions
 from aa_ray.runtime.checkpoint import load_checkpoint
 from aa_ray.runtime.learner import Learner
 from aa_ray.spec.loader import load_spec
@@ -18,17 +19,18 @@ from aa_ray.spec.loader import load_spec
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 
 
-def batches(rng: np.random.Generator, poisoned: bool) -> dict[str, np.ndarray]:
+def batches(rng: np.random.Generator, poisoned: bool) -> Transitions:
     shape = (2, 32)  # train_every x utd = 2 critic steps of 32 rows
     reward = rng.normal(size=shape).astype(np.float32)
     if poisoned:
         reward[:, 3] = np.nan  # one bad row poisons the whole TD loss
-    return {
-        "obs": rng.normal(size=(*shape, 3)).astype(np.float32),
-        "action": rng.uniform(-1, 1, (*shape, 1)).astype(np.float32),
-        "reward": reward, "next_obs": rng.normal(size=(*shape, 3)).astype(np.float32),
-        "terminated": np.zeros(shape, np.float32), "discount": np.full(shape, 0.99, np.float32),
-    }
+    return Transitions(
+        obs=rng.normal(size=(*shape, 3)).astype(np.float32),
+        action=rng.uniform(-1, 1, (*shape, 1)).astype(np.float32),
+        reward=reward, next_obs=rng.normal(size=(*shape, 3)).astype(np.float32),
+        terminated=np.zeros(shape, np.float32), truncated=np.zeros(shape, np.float32),
+        discount=np.full(shape, 0.99, np.float32),
+    )
 
 
 def critic_vector(learner: Learner) -> torch.Tensor:
@@ -41,11 +43,11 @@ def test_a_poisoned_batch_skips_the_critic_steps_and_leaves_the_weights_finite()
     learner = Learner(spec, obs_dim=3, act_dim=1)
     rng = np.random.default_rng(0)
     before = critic_vector(learner)
-    info = learner.update(batches(rng, poisoned=True), [])
+    info = learner.update([], batches(rng, poisoned=True)).metrics
     assert info["learner/skipped_updates"] == 2 and info["learner/consecutive_skips"] == 2
     assert torch.equal(critic_vector(learner), before)  # no step taken, no Adam moment touched
     assert all(torch.isfinite(p).all() for p in learner.algo.policy.parameters())
-    info = learner.update(batches(rng, poisoned=False), [])
+    info = learner.update([], batches(rng, poisoned=False)).metrics
     assert info["learner/skipped_updates"] == 2 and info["learner/consecutive_skips"] == 0
     assert not torch.equal(critic_vector(learner), before)
 

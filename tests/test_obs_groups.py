@@ -69,7 +69,7 @@ def test_each_key_is_its_own_replay_column(trained: Path) -> None:
     assert proprio.shape[1] == 6 and np.all(np.abs(proprio[:, :4]) <= 1.0)  # cos and sin of the joints
     replay = ReplayBuffer(2000, 10, 2, seed=0, obs_groups=(("proprio", 6), ("command", 2), ("privileged", 2)))
     replay.load_table(rows)
-    np.testing.assert_array_equal(replay.storage["obs"][: len(proprio), :6], proprio)
+    np.testing.assert_array_equal(replay.storage.obs[: len(proprio), :6], proprio)
     again = replay.to_table()
     assert again.column_names == rows.column_names and again.equals(rows.replace_schema_metadata(again.schema.metadata))
 

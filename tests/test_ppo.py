@@ -10,8 +10,9 @@ import pytest
 import ray
 import torch
 
-from aa_ray.algos.common import ObsDims
-from aa_ray.algos.ppo import PPO, Rollout, adapt_lr, clipped_surrogate_loss, explained_variance, gae, spo_loss
+from aa_ray.algos.ppo import PPO, adapt_lr, clipped_surrogate_loss, explained_variance, gae, spo_loss
+from aa_ray.nets.policy import ObsDims
+from aa_ray.records import Rollout
 from aa_ray.runtime.env_runner import EnvRunner
 from aa_ray.runtime.learner import Learner
 from aa_ray.spec.loader import SpecError, load_spec
@@ -79,20 +80,20 @@ def test_runner_rollouts_are_complete_on_policy_data(rollout: tuple[dict, dict, 
     log-probs are the acting policy's, and V(s') is V of the next row's observation except where an
     episode ended: there it is V of the final observation, not of the reset one."""
     data, stats, runner = rollout
-    assert data["obs"].shape == (20, 2, 10) and data["action"].shape == (20, 2, 2)
-    assert stats["env_steps"] == 40 and len(stats["episodes"]) == 6
+    assert data.obs.shape == (20, 2, 10) and data.action.shape == (20, 2, 2)
+    assert stats.env_steps == 40 and len(stats.episodes) == 6
     # the final step's info comes from final_info (same-step resets): pusher-reach's task metric and is_success
-    assert all(e["length"] == 6 and set(e["info"]) == {"is_success", "distance"} for e in stats["episodes"])
-    ended = data["truncated"].astype(bool)
-    assert ended[5].all() and ended[11].all() and ended.sum() == 6 and not data["terminated"].any()
+    assert all(e.length == 6 and set(e.info) == {"is_success", "distance"} for e in stats.episodes)
+    ended = data.truncated.astype(bool)
+    assert ended[5].all() and ended[11].all() and ended.sum() == 6 and not data.terminated.any()
     with torch.no_grad():
         policy = runner.policy
-        obs = torch.as_tensor(data["obs"])
-        log_prob, _, _ = policy.actor(policy.obs_norm(obs), torch.as_tensor(data["action"]))
-    np.testing.assert_allclose(log_prob.numpy(), data["log_prob"], rtol=1e-5, atol=1e-5)
+        obs = torch.as_tensor(data.obs)
+        log_prob, _, _ = policy.actor(policy.obs_norm(obs), torch.as_tensor(data.action))
+    np.testing.assert_allclose(log_prob.numpy(), data.log_prob, rtol=1e-5, atol=1e-5)
     continuing = ~ended[:-1]
-    np.testing.assert_allclose(data["next_value"][:-1][continuing], data["value"][1:][continuing], rtol=1e-5)
-    assert not np.allclose(data["next_value"][:-1][ended[:-1]], data["value"][1:][ended[:-1]])
+    np.testing.assert_allclose(data.next_value[:-1][continuing], data.value[1:][continuing], rtol=1e-5)
+    assert not np.allclose(data.next_value[:-1][ended[:-1]], data.value[1:][ended[:-1]])
 
 
 def test_update_adapts_the_lr_toward_the_kl_target(rollout: tuple[dict, dict, EnvRunner]) -> None:
@@ -103,7 +104,7 @@ def test_update_adapts_the_lr_toward_the_kl_target(rollout: tuple[dict, dict, En
     for desired_kl in (1e-7, 10.0):
         torch.manual_seed(0)
         algo = PPO(ppo_spec(f"algo.desired_kl={desired_kl}").algo, ObsDims.of(10), 2, torch.device("cpu"))
-        info = algo.update(Rollout.from_numpy(data, torch.device("cpu")))
+        info = algo.update(Rollout.from_chunk(data, torch.device("cpu")))
         lrs[desired_kl] = float(info["actor/lr"])
         assert algo.optimizer.param_groups[1]["lr"] == pytest.approx(1e-3)
         assert np.isfinite(float(info["actor/approx_kl"])) and float(info["actor/approx_kl"]) >= 0
@@ -130,7 +131,8 @@ def test_two_gloo_ppo_learners_stay_identical(rollout: tuple[dict, dict, EnvRunn
         ray.get([learner.join.remote(address) for learner in ranks])
         before = ray.get(ranks[0].parameters_vector.remote())
         for _ in range(3):
-            infos = ray.get([learner.update_rollouts.remote([stats["norm_stats"]], data) for learner in ranks])
+            reports = ray.get([learner.update.remote([stats.moments], data) for learner in ranks])
+            infos = [report.metrics for report in reports]
         rank0, rank1 = ray.get([learner.parameters_vector.remote() for learner in ranks])
         state = ray.get(ranks[0].state_dict.remote())
     finally:

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from aa_ray.algos.common import Batch
+from aa_ray.records import Batch, NormMoments, Transitions
 from aa_ray.runtime.checkpoint import (
     CheckpointError,
     check_compatible,
@@ -81,23 +81,23 @@ def counting_spec(terminate_at: int, algo: str = "sac", **extra: str):
 def test_terminated_is_stored_and_autoreset_step_is_not() -> None:
     runner = EnvRunner(counting_spec(terminate_at=3), index=0)
     transitions, stats = runner.sample(num_steps=12, random_actions=True)
-    obs, next_obs = transitions["obs"][:, 0], transitions["next_obs"][:, 0]
+    obs, next_obs = transitions.obs[:, 0], transitions.next_obs[:, 0]
     # within an episode the counter goes up by exactly one; an autoreset step would go 3 -> 0
     assert np.all(next_obs == obs + 1)
-    assert np.all(transitions["terminated"] == (next_obs == 3))
-    assert not transitions["truncated"].any()
+    assert np.all(transitions.terminated == (next_obs == 3))
+    assert not transitions.truncated.any()
     # 12 vector steps on 2 envs, each episode is 3 steps + 1 reset step -> 3 episodes x 3 per env
-    assert stats["env_steps"] == 18 == len(obs)
-    assert [e["return"] for e in stats["episodes"]] == [3.0] * 6
+    assert stats.env_steps == 18 == len(obs)
+    assert [e.episode_return for e in stats.episodes] == [3.0] * 6
 
 
 def test_truncated_is_not_terminated() -> None:
     runner = EnvRunner(counting_spec(terminate_at=10_000), index=0)
     transitions, _ = runner.sample(num_steps=7, random_actions=True)
-    next_obs = transitions["next_obs"][:, 0]
-    assert np.all(transitions["truncated"] == (next_obs == 5))  # time limit of 5 steps
-    assert transitions["truncated"].sum() == 2
-    assert not transitions["terminated"].any()
+    next_obs = transitions.next_obs[:, 0]
+    assert np.all(transitions.truncated == (next_obs == 5))  # time limit of 5 steps
+    assert transitions.truncated.sum() == 2
+    assert not transitions.terminated.any()
 
 
 def test_task_metrics_are_the_info_keys_the_env_declares_or_the_spec_lists() -> None:
@@ -110,7 +110,7 @@ def test_task_metrics_are_the_info_keys_the_env_declares_or_the_spec_lists() -> 
     evaluation = runner.evaluate(3)
     assert evaluation == {"eval/return": 3.0, "eval/length": 3.0, "eval/score": 30.0}
     _, stats = runner.sample(num_steps=8, random_actions=True)  # 2 episodes per copy, reset steps between
-    assert [e["info"] for e in stats["episodes"]] == [{"score": 30.0}] * 4
+    assert [e.info for e in stats.episodes] == [{"score": 30.0}] * 4
     window = Window()
     window.count(Iteration(chunks=[stats]))
     assert window.metrics()["train/score"] == 30.0 and "train/success" not in window.metrics()
@@ -128,33 +128,33 @@ def test_n_step_windows_stop_at_a_terminal() -> None:
     spec = counting_spec(4, **{"algo.n_step": 3, "algo.gamma": 0.5, "runners.envs_per_runner": 1})
     runner = EnvRunner(spec, index=0)
     first, _ = runner.sample(num_steps=2, random_actions=True)
-    assert len(first["reward"]) == 0  # no window is complete yet
+    assert len(first.reward) == 0  # no window is complete yet
     t, _ = runner.sample(num_steps=4, random_actions=True)  # steps 3-4, the reset step, step 1 of the next
-    assert t["obs"][:, 0].tolist() == [0, 1, 2, 3]
-    assert t["next_obs"][:, 0].tolist() == [3, 4, 4, 4]
-    assert t["reward"].tolist() == [1.75, 1.75, 1.5, 1.0]
-    assert t["discount"].tolist() == [0.125, 0.125, 0.25, 0.5]
-    assert t["terminated"].tolist() == [0, 1, 1, 1]
+    assert t.obs[:, 0].tolist() == [0, 1, 2, 3]
+    assert t.next_obs[:, 0].tolist() == [3, 4, 4, 4]
+    assert t.reward.tolist() == [1.75, 1.75, 1.5, 1.0]
+    assert t.discount.tolist() == [0.125, 0.125, 0.25, 0.5]
+    assert t.terminated.tolist() == [0, 1, 1, 1]
 
 
-def one_transition(terminated: float, truncated: float, discount: float) -> dict[str, np.ndarray]:
+def one_transition(terminated: float, truncated: float, discount: float) -> Transitions:
     """A learner's sample of one fleet step (utd 1) holding one transition, shapes (1, 1, ...)."""
-    return {
-        "obs": np.zeros((1, 1, 1), np.float32),
-        "action": np.zeros((1, 1, 1), np.float32),
-        "reward": np.full((1, 1), 0.5, np.float32),
-        "next_obs": np.ones((1, 1, 1), np.float32),
-        "terminated": np.full((1, 1), terminated, np.float32),
-        "truncated": np.full((1, 1), truncated, np.float32),
-        "discount": np.full((1, 1), discount, np.float32),
-    }
+    return Transitions(
+        obs=np.zeros((1, 1, 1), np.float32),
+        action=np.zeros((1, 1, 1), np.float32),
+        reward=np.full((1, 1), 0.5, np.float32),
+        next_obs=np.ones((1, 1, 1), np.float32),
+        terminated=np.full((1, 1), terminated, np.float32),
+        truncated=np.full((1, 1), truncated, np.float32),
+        discount=np.full((1, 1), discount, np.float32),
+    )
 
 
-def td_target(sample: dict[str, np.ndarray]) -> float:
+def td_target(sample: Transitions) -> float:
     """SAC's TD target for `sample`, from a fresh learner: every call builds the same networks
     (the learner seeds torch from the spec's seed) and draws the same a' ~ pi(.|s')."""
     learner = Learner(counting_spec(terminate_at=3), obs_dim=1, act_dim=1)
-    return learner.update(sample, [])["critic/td_target"]
+    return learner.update([], sample).metrics["critic/td_target"]
 
 
 def test_only_a_terminal_masks_the_bootstrap() -> None:
@@ -177,38 +177,38 @@ def test_a_batch_carries_what_the_bootstrap_reads_exactly() -> None:
     has no field because no algorithm may read it (a time limit never masks the bootstrap)."""
     terminated = np.array([[1, 0, 0, 1]], np.float32)
     discount = (0.97 ** np.arange(1, 5)).astype(np.float32)[None]  # k-step discounts, k = 1..4
-    rows = {
-        "obs": np.zeros((1, 4, 1), np.float32), "action": np.zeros((1, 4, 1), np.float32),
-        "reward": np.zeros((1, 4), np.float32), "next_obs": np.zeros((1, 4, 1), np.float32),
-        "terminated": terminated, "truncated": 1 - terminated, "discount": discount,
-    }
-    batch = Batch.from_numpy(rows, torch.device("cpu"))
+    rows = Transitions(
+        obs=np.zeros((1, 4, 1), np.float32), action=np.zeros((1, 4, 1), np.float32),
+        reward=np.zeros((1, 4), np.float32), next_obs=np.zeros((1, 4, 1), np.float32),
+        terminated=terminated, truncated=1 - terminated, discount=discount,
+    )
+    batch = Batch.from_transitions(rows, torch.device("cpu"))
     assert torch.equal(batch.terminated, torch.from_numpy(terminated))
     assert torch.equal(batch.discount, torch.from_numpy(discount))
     assert "truncated" not in Batch._fields
 
 
-def make_chunk(start: int, n: int) -> dict[str, np.ndarray]:
+def make_chunk(start: int, n: int) -> Transitions:
     ids = np.arange(start, start + n, dtype=np.float32)
-    return {
-        "obs": np.stack([ids, -ids], 1),
-        "action": ids[:, None] / 1e4,
-        "reward": ids,
-        "next_obs": np.stack([ids + 1, ids], 1),
-        "terminated": (ids % 7 == 0).astype(np.float32),
-        "truncated": np.zeros(n, np.float32),
-        "discount": np.full(n, 0.99, np.float32),
-    }
+    return Transitions(
+        obs=np.stack([ids, -ids], 1),
+        action=ids[:, None] / 1e4,
+        reward=ids,
+        next_obs=np.stack([ids + 1, ids], 1),
+        terminated=(ids % 7 == 0).astype(np.float32),
+        truncated=np.zeros(n, np.float32),
+        discount=np.full(n, 0.99, np.float32),
+    )
 
 
 def test_replay_ring_keeps_the_newest_transitions() -> None:
     replay = ReplayBuffer(capacity=10, obs_dim=2, act_dim=1, seed=0)
     assert replay.add(make_chunk(0, 6), make_chunk(6, 6)) == 10
-    assert sorted(replay.storage["reward"].tolist()) == list(range(2, 12))
+    assert sorted(replay.storage.reward.tolist()) == list(range(2, 12))
     batch = replay.sample(num_batches=3, batch_size=4)
-    assert batch["obs"].shape == (3, 4, 2) and batch["reward"].shape == (3, 4)
+    assert batch.obs.shape == (3, 4, 2) and batch.reward.shape == (3, 4)
     # fields stay aligned row by row
-    assert np.all(batch["obs"][..., 0] == batch["reward"]) and np.all(batch["next_obs"][..., 0] == batch["reward"] + 1)
+    assert np.all(batch.obs[..., 0] == batch.reward) and np.all(batch.next_obs[..., 0] == batch.reward + 1)
 
 
 def test_replay_parquet_round_trip_samples_identically(tmp_path: Path) -> None:
@@ -219,8 +219,8 @@ def test_replay_parquet_round_trip_samples_identically(tmp_path: Path) -> None:
     restored = ReplayBuffer(capacity=50, obs_dim=2, act_dim=1, seed=99)
     restored.load_table(pq.read_table(tmp_path / "replay.parquet"), replay.state())
     a, b = replay.sample(4, 16), restored.sample(4, 16)
-    for key in a:
-        np.testing.assert_array_equal(a[key], b[key])
+    for column_a, column_b in zip(a, b, strict=True):
+        np.testing.assert_array_equal(column_a, column_b)
     wrong = ReplayBuffer(capacity=50, obs_dim=3, act_dim=1, seed=0)
     with pytest.raises(ValueError, match="obs/action dims 2,1"):
         wrong.load_table(pq.read_table(tmp_path / "replay.parquet"))
@@ -233,9 +233,8 @@ def test_checkpoint_round_trip_restores_parameters_and_optimizers(tmp_path: Path
     replay = ReplayBuffer(100, 1, 1, seed=0)
     runner = EnvRunner(spec, 0)
     replay.add(runner.sample(20, random_actions=True)[0])
-    learner.update(
-        replay.sample(4 * spec.algo.utd_ratio, 8), [{"obs": (5, np.ones(1), np.ones(1)), "return": (5, 1.0, 2.0, 3.0)}]
-    )
+    moments = NormMoments((5, np.ones(1), np.ones(1)), (5, 1.0, 2.0, 3.0))
+    learner.update([moments], replay.sample(4 * spec.algo.utd_ratio, 8))
 
     save_checkpoint(tmp_path / "ckpt", spec, {"learner": learner.state_dict()})
     payload = load_checkpoint(tmp_path / "ckpt")
@@ -259,9 +258,9 @@ def test_checkpoint_round_trip_restores_parameters_and_optimizers(tmp_path: Path
     # the same next update from both gives the same numbers
     batches = replay.sample(spec.algo.utd_ratio, 8)
     torch.manual_seed(0)
-    a = learner.update(batches, [])
+    a = learner.update([], batches).metrics
     torch.manual_seed(0)
-    b = restored.update(batches, [])
+    b = restored.update([], batches).metrics
     assert a["critic/q_loss"] == b["critic/q_loss"] and a["actor/loss"] == b["actor/loss"]
 
 
@@ -274,7 +273,7 @@ def test_a_stack_that_is_not_whole_fleet_steps_is_refused_not_cut() -> None:
     replay.add(EnvRunner(spec, 0).sample(20, random_actions=True)[0])
     before = learner.parameters_vector()
     with pytest.raises(ValueError, match=r"3 batches, not a whole number of fleet steps of algo.utd_ratio=2"):
-        learner.update(replay.sample(3, 8), [])
+        learner.update([], replay.sample(3, 8))
     assert torch.equal(learner.parameters_vector(), before) and learner.weights_version == 0
 
 

@@ -13,6 +13,7 @@ import pytest
 import ray
 from mlflow.tracking import MlflowClient
 
+from aa_ray.records import NormMoments, Transitions
 from aa_ray.runtime.checkpoint import load_checkpoint
 from aa_ray.runtime.cluster import ResourceError
 from aa_ray.runtime.learner import Learner
@@ -35,16 +36,19 @@ def local_ray():
     ray.shutdown()
 
 
-def fixed_batches(rng: np.random.Generator, num_batches: int, batch_size: int, obs_dim: int, act_dim: int) -> dict:
+def fixed_batches(
+    rng: np.random.Generator, num_batches: int, batch_size: int, obs_dim: int, act_dim: int
+) -> Transitions:
     shape = (num_batches, batch_size)
-    return {
-        "obs": rng.normal(size=(*shape, obs_dim)).astype(np.float32),
-        "action": rng.uniform(-1, 1, size=(*shape, act_dim)).astype(np.float32),
-        "reward": rng.normal(size=shape).astype(np.float32),
-        "next_obs": rng.normal(size=(*shape, obs_dim)).astype(np.float32),
-        "terminated": (rng.random(shape) < 0.1).astype(np.float32),
-        "discount": np.full(shape, 0.99, np.float32),
-    }
+    terminated = (rng.random(shape) < 0.1).astype(np.float32)
+    return Transitions(
+        obs=rng.normal(size=(*shape, obs_dim)).astype(np.float32),
+        action=rng.uniform(-1, 1, size=(*shape, act_dim)).astype(np.float32),
+        reward=rng.normal(size=shape).astype(np.float32),
+        next_obs=rng.normal(size=(*shape, obs_dim)).astype(np.float32),
+        terminated=terminated, truncated=np.zeros_like(terminated),
+        discount=np.full(shape, 0.99, np.float32),
+    )
 
 
 MLP = ["algo.actor_hidden_dims=[32,32]", "algo.critic_hidden_dims=[32,32]"]
@@ -74,10 +78,10 @@ def test_two_gloo_learners_stay_identical_and_match_one_learner(local_ray: None,
     rng = np.random.default_rng(0)
     for _ in range(6):
         samples = fixed_batches(rng, num_batches=2 * 3, batch_size=64, obs_dim=obs_dim, act_dim=act_dim)
-        moments = {"obs": (64, rng.normal(size=obs_dim), rng.uniform(0.5, 2, obs_dim)), "return": (64, 0.0, 1.0, 1.0)}
-        shards = [{k: v[:, r * 32 : (r + 1) * 32] for k, v in samples.items()} for r in range(2)]
-        single.update(samples, [moments])
-        ray.get([learner.update.remote(shard, [moments]) for learner, shard in zip(ranks, shards, strict=True)])
+        moments = NormMoments((64, rng.normal(size=obs_dim), rng.uniform(0.5, 2, obs_dim)), (64, 0.0, 1.0, 1.0))
+        shards = [samples.take((slice(None), slice(r * 32, (r + 1) * 32))) for r in range(2)]
+        single.update([moments], samples)
+        ray.get([learner.update.remote([moments], shard) for learner, shard in zip(ranks, shards, strict=True)])
 
     rank0, rank1 = ray.get([learner.parameters_vector.remote() for learner in ranks])
     reference = single.parameters_vector()
@@ -108,7 +112,7 @@ def test_checkpoints_move_between_one_and_two_learners(tmp_path: Path) -> None:
     """A run with L=2 checkpoints unwrapped state; L=1 resumes it (in async mode, refilling the
     replay the checkpoint did not keep) and the reverse. A resumed run continues in its run
     folder, so each stage reads its final checkpoint before the next."""
-    checkpoint, env_steps, critic_updates = None, [], []
+    checkpoint, env_steps, gradient_updates = None, [], []
     for num_learners, budget, mode in [(2, 600, "sync"), (1, 900, "async"), (2, 1200, "sync")]:
         s = spec(*SMALL_SAC, f"learners.num_learners={num_learners}", f"budget.env_steps={budget}",
                  f"runtime.mode={mode}")
@@ -116,9 +120,9 @@ def test_checkpoints_move_between_one_and_two_learners(tmp_path: Path) -> None:
         result = Trainer(s, run_dir=tmp_path / "run", resume=payload, live=False).run()
         checkpoint = Path(result["checkpoint"])
         env_steps.append(result["env_steps"])
-        critic_updates.append(load_checkpoint(checkpoint)["learner"]["critic_updates"])
+        gradient_updates.append(load_checkpoint(checkpoint)["learner"]["gradient_updates"])
     assert [steps // 100 for steps in env_steps] == [6, 9, 12]  # each budget met (a chunk may overshoot)
-    assert critic_updates[0] < critic_updates[1] < critic_updates[2], critic_updates  # each one trained on
+    assert gradient_updates[0] < gradient_updates[1] < gradient_updates[2], gradient_updates  # each one trained on
 
 
 def metric_history(run_id: str, key: str) -> list[float]:

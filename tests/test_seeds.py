@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from aa_ray import seeding
+from aa_ray.records import Transitions
 from aa_ray.runtime.env_runner import EnvRunner
 from aa_ray.runtime.replay import ReplayBuffer
 from aa_ray.spec.loader import validate_spec
@@ -78,13 +79,8 @@ def test_replay_samples_from_the_replay_stream_of_the_spec_seed() -> None:
     def sampled_rows(seed: int) -> list[float]:
         replay = ReplayBuffer(capacity=1000, obs_dim=1, act_dim=1, seed=seed)
         n = 1000
-        replay.add({
-            "obs": np.zeros((n, 1), np.float32), "action": np.zeros((n, 1), np.float32),
-            "reward": np.arange(n, dtype=np.float32), "next_obs": np.zeros((n, 1), np.float32),
-            "terminated": np.zeros(n, np.float32), "truncated": np.zeros(n, np.float32),
-            "discount": np.full(n, 0.99, np.float32),
-        })
-        return replay.sample(2, 16)["reward"].ravel().tolist()
+        replay.add(Transitions.empty(n, 1, 1)._replace(reward=np.arange(n, dtype=np.float32)))
+        return replay.sample(2, 16).reward.ravel().tolist()
 
     assert sampled_rows(0) == sampled_rows(0) != sampled_rows(1)
     assert sampled_rows(0) == seeding.replay_rng(0).integers(0, 1000, size=(2, 16)).astype(float).ravel().tolist()

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from aa_ray.algos.common import ObsDims
-from aa_ray.algos.ppo import PPO, Rollout, symmetry_loss
+from aa_ray.algos.ppo import PPO, symmetry_loss
 from aa_ray.envs import scripted_action
 from aa_ray.envs.symmetry import MIRRORS, augment, mirror_for, sym_aug_mirror
+from aa_ray.nets.policy import ObsDims
+from aa_ray.records import Rollout, RolloutChunk, Transitions
 from aa_ray.runtime.env_runner import EnvRunner
 from aa_ray.runtime.learner import Learner
 from aa_ray.runtime.replay import FIELDS
@@ -90,15 +91,15 @@ def test_the_learner_doubles_each_batch_with_its_mirror_image() -> None:
     mirror = mirror_for("aa_ray/PusherReach-v0")
     rng = np.random.default_rng(2)
     shape = (3, 8)  # (batches, batch)
-    samples = {"obs": rng.normal(size=(*shape, 10)), "next_obs": rng.normal(size=(*shape, 10)),
+    columns = {"obs": rng.normal(size=(*shape, 10)), "next_obs": rng.normal(size=(*shape, 10)),
                "action": rng.uniform(-1, 1, size=(*shape, 2))}
-    samples |= {name: rng.normal(size=shape) for name in FIELDS if name not in samples}
+    samples = Transitions(**columns, **{name: rng.normal(size=shape) for name in FIELDS if name not in columns})
     doubled = augment(samples, mirror)
-    for name, column in samples.items():
-        assert doubled[name].shape[:2] == (3, 16)
-        np.testing.assert_array_equal(doubled[name][:, :8], column)
+    for name, column in zip(FIELDS, samples, strict=True):
+        assert getattr(doubled, name).shape[:2] == (3, 16)
+        np.testing.assert_array_equal(getattr(doubled, name)[:, :8], column)
         mirrored = mirror.action(column) if name == "action" else mirror.obs(column) if "obs" in name else column
-        np.testing.assert_array_equal(doubled[name][:, 8:], mirrored)
+        np.testing.assert_array_equal(getattr(doubled, name)[:, 8:], mirrored)
 
 
 def test_sym_aug_is_refused_naming_the_env_without_a_mirror() -> None:
@@ -112,7 +113,7 @@ def test_sym_aug_is_refused_naming_the_env_without_a_mirror() -> None:
 
 
 @pytest.fixture(scope="module")
-def pusher_rollout() -> dict:
+def pusher_rollout() -> RolloutChunk:
     """32 steps of 4 pusher-reach copies under a fresh PPO policy (seeded: a runner's own policy is
     initialized from torch's global generator until the learner's weights arrive)."""
     spec = load_spec(SPECS / "ppo.yaml", ["tracking.enabled=false", "runners.envs_per_runner=4"])
@@ -126,16 +127,16 @@ def ppo_with_sym_aug(*overrides: str) -> PPO:
     return PPO(spec.algo, ObsDims.of(10), 2, torch.device("cpu"), mirror=mirror_for(spec.env.id))
 
 
-def test_ppo_doubles_each_minibatch_with_its_mirror_image(pusher_rollout: dict) -> None:
+def test_ppo_doubles_each_minibatch_with_its_mirror_image(pusher_rollout: RolloutChunk) -> None:
     """Every minibatch the actor and critic see is [rows; the rows' mirror images], mirrored before the
     observation normalizer, and the update logs actor/symmetry_loss."""
     algo = ppo_with_sym_aug("algo.ppo_epochs=1")
     mirror, seen = algo.mirror, []
     actor = algo.actor_ddp
     algo.actor_ddp = lambda obs, action: seen.append((obs, action)) or actor(obs, action)
-    info = algo.update(Rollout.from_numpy(pusher_rollout, torch.device("cpu")))
+    info = algo.update(Rollout.from_chunk(pusher_rollout, torch.device("cpu")))
     assert len(seen) == algo.cfg.num_minibatches and float(info["actor/symmetry_loss"]) >= 0
-    raw = torch.as_tensor(pusher_rollout["obs"], dtype=torch.float32).flatten(0, 1)
+    raw = torch.as_tensor(pusher_rollout.obs, dtype=torch.float32).flatten(0, 1)
     normalized, mirrored = algo.policy.obs_norm(raw), algo.policy.obs_norm(mirror.obs(raw))
     for obs, action in seen:
         half = len(obs) // 2
@@ -145,11 +146,11 @@ def test_ppo_doubles_each_minibatch_with_its_mirror_image(pusher_rollout: dict) 
         torch.testing.assert_close(action[half:], mirror.action(action[:half]))
 
 
-def test_ppo_with_sym_aug_makes_an_asymmetric_policy_symmetric(pusher_rollout: dict) -> None:
+def test_ppo_with_sym_aug_makes_an_asymmetric_policy_symmetric(pusher_rollout: RolloutChunk) -> None:
     """A policy biased to push both joints one way (the mirror changes both torques' signs) starts with
     a symmetry gap of (0.5 - (-0.5))^2 = 1. Three updates with sym_aug (mirrored minibatches and the
     symmetry loss) make it nearly symmetric; three plain PPO updates on the same rollout do not."""
-    data = Rollout.from_numpy(pusher_rollout, torch.device("cpu"))
+    data = Rollout.from_chunk(pusher_rollout, torch.device("cpu"))
     raw, mirror = data.obs.flatten(0, 1), mirror_for("aa_ray/PusherReach-v0")
     gaps = {}
     for sym_aug in (False, True):
@@ -165,12 +166,12 @@ def test_ppo_with_sym_aug_makes_an_asymmetric_policy_symmetric(pusher_rollout: d
     assert gaps[True] < 0.01 and gaps[False] > 4 * gaps[True], gaps  # seed 0: 0.0026 and 0.21
 
 
-def test_a_ppo_learner_with_sym_aug_logs_the_symmetry_loss(pusher_rollout: dict) -> None:
+def test_a_ppo_learner_with_sym_aug_logs_the_symmetry_loss(pusher_rollout: RolloutChunk) -> None:
     """The learner gives PPO the env's mirror: its update reports actor/symmetry_loss (plain PPO's does not)."""
     infos = {}
     for sym_aug in ("true", "false"):
         spec = load_spec(SPECS / "ppo.yaml", ["tracking.enabled=false", f"algo.sym_aug={sym_aug}"])
-        infos[sym_aug] = Learner(spec, 10, 2).update_rollouts([], pusher_rollout)
+        infos[sym_aug] = Learner(spec, 10, 2).update([], pusher_rollout).metrics
     assert 0 <= infos["true"]["actor/symmetry_loss"] < 1 and "actor/symmetry_loss" not in infos["false"]
 
 

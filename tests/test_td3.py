@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from aa_ray.algos.common import Batch, ObsDims
 from aa_ray.algos.td3 import TD3, TD3Config, make_policy, smoothed_target_action
+from aa_ray.nets.policy import ObsDims
+from aa_ray.records import Batch, NormMoments
 from aa_ray.runtime.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from aa_ray.runtime.env_runner import EnvRunner
 from aa_ray.runtime.learner import Learner
@@ -158,8 +159,8 @@ def test_learner_checkpoint_round_trip_restores_parameters_and_the_delay_phase(t
     runner = EnvRunner(spec, 0)
     replay = ReplayBuffer(100, 3, 1, seed=0)
     replay.add(runner.sample(10, random_actions=False)[0])  # acting with the TD3 policy
-    stats = [{"obs": (5, np.ones(3), np.full(3, 2.0)), "return": (5, 1.0, 2.0, 3.0)}]
-    learner.update(replay.sample(3, 8), stats)
+    stats = [NormMoments((5, np.ones(3), np.full(3, 2.0)), (5, 1.0, 2.0, 3.0))]
+    learner.update(stats, replay.sample(3, 8))
     assert learner.algo.critic_updates == 3
 
     save_checkpoint(tmp_path / "ckpt", spec, {"learner": learner.state_dict()})
@@ -184,8 +185,8 @@ def test_learner_checkpoint_round_trip_restores_parameters_and_the_delay_phase(t
 
     batches = replay.sample(1, 8)
     torch.manual_seed(0)  # the same smoothing noise for both
-    a = learner.update(batches, [])
+    a = learner.update([], batches).metrics
     torch.manual_seed(0)
-    b = restored.update(batches, [])
+    b = restored.update([], batches).metrics
     assert "actor/loss" in a  # critic step 4: the delayed actor step
     assert a["critic/q_loss"] == b["critic/q_loss"] and a["actor/loss"] == b["actor/loss"]

@@ -3,23 +3,19 @@ union, the learner and the env runners all read it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
 from aa_ray.algos import ppo, sac, sac_dist, sac_dist_simba, sac_simba, td3
-from aa_ray.algos.common import ObsDims
-
-if TYPE_CHECKING:  # aa_ray.envs imports the spec loader, which imports the algorithms
-    from aa_ray.envs.symmetry import Mirror
+from aa_ray.nets.policy import ObsDims
 
 
 class Registered(NamedTuple):
-    config: type  # the pydantic config, discriminated by its `name` literal
+    config: type  # the pydantic config, discriminated by its `name` literal; its family mixin sets `family`
     algorithm: type  # built as algorithm(config, obs, act_dim, device, planned_steps); obs: ObsDims
     make_policy: Any  # (config, obs, act_dim) -> the acting module env runners load
-    on_policy: bool = False  # learns from fresh rollouts (no replay), e.g. PPO
 
 
 ALGORITHMS: dict[str, Registered] = {
@@ -30,23 +26,15 @@ ALGORITHMS: dict[str, Registered] = {
     "sac_dist_simba": Registered(
         sac_dist_simba.SACDistSimbaConfig, sac_dist_simba.SACDistSimba, sac_dist_simba.make_policy
     ),
-    "ppo": Registered(ppo.PPOConfig, ppo.PPO, ppo.make_policy, on_policy=True),
+    "ppo": Registered(ppo.PPOConfig, ppo.PPO, ppo.make_policy),
 }
 
 
-def build_algorithm(
-    cfg: Any, obs: ObsDims | int, act_dim: int, device: torch.device, planned_steps: int, mirror: Mirror | None = None
-) -> Any:
-    """`mirror`: the env's, with `algo.sym_aug`. An on-policy algorithm mirrors its own minibatches
-    (PPO adds a symmetry loss); off-policy ones get replay batches the learner has already doubled."""
-    registered = ALGORITHMS[cfg.name]
-    if registered.on_policy:
-        return registered.algorithm(cfg, ObsDims.of(obs), act_dim, device, planned_steps, mirror)
-    return registered.algorithm(cfg, ObsDims.of(obs), act_dim, device, planned_steps)
-
-
-def is_on_policy(cfg: Any) -> bool:
-    return ALGORITHMS[cfg.name].on_policy
+def build_algorithm(cfg: Any, obs: ObsDims | int, act_dim: int, device: torch.device, planned_steps: int,
+                    **family_args: Any) -> Any:
+    """`family_args`: what the algorithm's family adds (the on-policy family's `mirror`, with
+    `algo.sym_aug`: an on-policy algorithm mirrors its own minibatches)."""
+    return ALGORITHMS[cfg.name].algorithm(cfg, ObsDims.of(obs), act_dim, device, planned_steps, **family_args)
 
 
 def build_policy(cfg: Any, obs: ObsDims | int, act_dim: int) -> nn.Module:

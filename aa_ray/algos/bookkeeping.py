@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from aa_ray.algos.common import tensors_to_cpu
-from aa_ray.algos.contract import Health, ObsMoments, ReturnMoments
+from aa_ray.algos.contract import Health
 from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, RewardNormalizer, compile_networks_, tensor_lrs_
+from aa_ray.records import ObsMoments, ReturnMoments
 
 
 def save_parts(parts: Mapping[str, Any]) -> dict[str, Any]:
@@ -69,7 +69,7 @@ class Bookkeeping:
         )
 
     def policy_state(self) -> dict[str, Tensor]:
-        return tensors_to_cpu(self.policy.state_dict())
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.policy.state_dict().items()}
 
     def state_dict(self) -> dict[str, Any]:
         return save_parts(self.parts())

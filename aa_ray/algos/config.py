@@ -10,11 +10,12 @@ decayed linearly to `lr_end_fraction` of its start over the planned updates; `ac
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
+from aa_ray.algos.contract import RunShape
 from aa_ray.spec.base import SpecModel
 
 
@@ -34,7 +35,11 @@ class ObservationGroups(SpecModel):
 
 
 class OffPolicyKnobs(ObservationGroups):
-    """Replay, the TD regression, and how a gradient step is taken: every off-policy variant."""
+    """Replay, the TD regression, and how a gradient step is taken: every off-policy variant. A config
+    with these knobs belongs to the off-policy family (`aa_ray.runtime.families.OffPolicy`)."""
+
+    family: ClassVar[str] = "off_policy"
+    replay_actor: ClassVar[bool] = True  # a replay actor sits between the runners and the learners
 
     gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
     n_step: PositiveInt = Field(1, description="n-step returns (1 = one-step TD)")
@@ -67,6 +72,51 @@ class OffPolicyKnobs(ObservationGroups):
         if self.optimizer == "muon" and self.precision == "fp16":
             raise ValueError("optimizer: muon cannot be combined with precision fp16 (loss scaling); use bf16")
         return self
+
+    @property
+    def updates_per_iteration(self) -> int:
+        """Replay batches one learner iteration trains on: `train_every` fleet steps of `utd_ratio`
+        batches each (the update-to-data ratio)."""
+        return self.train_every * self.utd_ratio
+
+    def check_run(self, run: RunShape) -> None:
+        """What these knobs need of the rest of the spec (ValueError naming the fields)."""
+        if self.warm_up_steps >= run.env_steps:
+            raise ValueError(
+                f"algo.warm_up_steps ({self.warm_up_steps}) must be below budget.env_steps "
+                f"({run.env_steps}), or training never starts"
+            )
+        if self.batch_size % run.num_learners:
+            raise ValueError(
+                f"algo.batch_size ({self.batch_size}) must be divisible by learners.num_learners "
+                f"({run.num_learners}): each learner trains on an equal shard of the batch"
+            )
+        if self.batch_size > self.buffer_size:
+            raise ValueError(f"algo.batch_size ({self.batch_size}) exceeds algo.buffer_size ({self.buffer_size})")
+
+
+class OnPolicyKnobs(ObservationGroups):
+    """Fresh rollouts, no replay: every on-policy variant. A config with these knobs belongs to the
+    on-policy family (`aa_ray.runtime.families.OnPolicy`); the variant adds `updates_per_iteration`
+    (gradient steps on one rollout) and may add checks to `check_run`."""
+
+    family: ClassVar[str] = "on_policy"
+    replay_actor: ClassVar[bool] = False
+
+    gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
+    train_every: PositiveInt = Field(32, description="rollout steps per env between updates")
+
+    def check_run(self, run: RunShape) -> None:
+        if run.fleet_envs % run.num_learners:
+            raise ValueError(
+                f"runners.num_runners x runners.envs_per_runner ({run.fleet_envs}) must be divisible by "
+                f"learners.num_learners ({run.num_learners}): each learner trains on an equal share of the envs"
+            )
+        if run.mode == "async":
+            raise ValueError(f"runtime.mode async needs an off-policy algorithm; {self.name} learns on-policy")
+
+    def rollout_rows_per_learner(self, run: RunShape) -> int:
+        return self.train_every * run.fleet_envs // run.num_learners
 
 
 class LearningRates(SpecModel):

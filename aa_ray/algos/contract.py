@@ -4,20 +4,28 @@ The learner (`aa_ray.runtime.learner`) holds one object that satisfies `Algorith
 the methods below. A new algorithm is one file that defines a pydantic config (with a `name`
 literal), a `make_policy(config, obs, act_dim)` for the env runners and a class with these
 methods; `aa_ray.algos.ALGORITHMS` registers it. Nothing in the runtime reads an algorithm's
-attributes.
+attributes. Its config's family mixin (`OffPolicyKnobs`, `OnPolicyKnobs`) says how the runtime
+feeds it (`aa_ray.runtime.families`).
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple, Protocol
 
+import numpy as np
 import torch
 from torch import Tensor
 
-# (count, mean, var) of raw observations, as the env runners measure them; (0, None, None) if none
-ObsMoments = tuple[int, Any, Any]
-# (count, mean, var, max |G|) of the raw discounted returns G the env runners track
-ReturnMoments = tuple[int, float, float, float]
+from aa_ray.records import ObsMoments, ReturnMoments
+
+
+class RunShape(NamedTuple):
+    """What an algorithm's knobs are checked against (`check_run`): the run around them."""
+
+    env_steps: int  # budget.env_steps
+    num_learners: int
+    fleet_envs: int  # runners x envs per runner: transitions per fleet step
+    mode: str  # runtime.mode: sync or async
 
 
 class Health(NamedTuple):
@@ -35,8 +43,8 @@ class Algorithm(Protocol):
 
     def update(self, batch: Any) -> dict[str, Tensor]:
         """Learn from one unit of data and return its diagnostics as tensors (read by the caller
-        only when it logs them). Off-policy: a `Batch` stacking one fleet step's `utd_ratio`
-        batches. On-policy: a `Rollout` of (train_every, envs)."""
+        only when it logs them). Off-policy family: a `Batch` stacking one fleet step's `utd_ratio`
+        batches. On-policy family: a `Rollout` of (train_every, envs) (`aa_ray.records`)."""
         ...
 
     def compile(self, device: torch.device) -> None:
@@ -57,6 +65,26 @@ class Algorithm(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class ActingPolicy(Protocol):
+    """What `make_policy` builds: the module env runners act with (every family)."""
+
+    def act(self, obs: np.ndarray, deterministic: bool, generator: torch.Generator | None = None) -> np.ndarray:
+        """Actions in [-1, 1] for a batch of raw observations."""
+        ...
+
+
+class OnPolicyActor(ActingPolicy, Protocol):
+    """What an on-policy family's acting policy also gives the runner, to record a rollout."""
+
+    def explore(self, obs: np.ndarray, generator: torch.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Sampled (unclipped) actions and their log-probabilities."""
+        ...
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        """V(obs) of the acting critic."""
+        ...
 
 
 def diagnostics_to_floats(diagnostics: dict[str, Tensor | float]) -> dict[str, float]:

@@ -8,7 +8,6 @@ import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -245,13 +244,6 @@ class RewardNormalizer(nn.Module):
 
     def forward(self, reward: Tensor) -> Tensor:
         return reward * self.scale()
-
-
-def return_moments(returns: Iterable[float]) -> tuple[int, float, float, float]:
-    values = np.asarray(list(returns), np.float64)
-    if values.size == 0:
-        return 0, 0.0, 1.0, 0.0
-    return int(values.size), float(values.mean()), float(values.var()), float(np.abs(values).max())
 
 
 @torch.no_grad()

@@ -24,7 +24,7 @@ from a KL target as in rsl_rl. Deliberate choices:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
@@ -33,21 +33,20 @@ from torch import Tensor, nn
 from aa_ray import ddp
 from aa_ray import metric_names as m
 from aa_ray.algos.bookkeeping import Bookkeeping
-from aa_ray.algos.config import LearningRates, ObservationGroups
-from aa_ray.algos.contract import Health
+from aa_ray.algos.config import LearningRates, OnPolicyKnobs
+from aa_ray.algos.contract import Health, RunShape
 from aa_ray.algos.knobs import LinearLRSchedule, RewardNormalizer, count_skip_, fused_adam, step_if_
 from aa_ray.nets.actor_critic import GaussianActorCritic
 from aa_ray.nets.policy import ObsDims
+from aa_ray.records import Rollout
 
 if TYPE_CHECKING:  # aa_ray.envs imports the spec loader, which imports the algorithms
     from aa_ray.envs.symmetry import Mirror
 
 
-class PPOConfig(LearningRates, ObservationGroups):
+class PPOConfig(OnPolicyKnobs, LearningRates):
     name: Literal["ppo"] = "ppo"
-    gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
     gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda")
-    train_every: PositiveInt = Field(32, description="rollout steps per env between updates")
     ppo_epochs: PositiveInt = Field(4, description="passes over each rollout")
     num_minibatches: PositiveInt = Field(4, description="minibatches per pass (per learner)")
     actor_lr: PositiveFloat = Field(3e-4, description="Adam learning rate of the actor (the start, with desired_kl)")
@@ -93,6 +92,19 @@ class PPOConfig(LearningRates, ObservationGroups):
         return self
 
     @property
+    def updates_per_iteration(self) -> int:
+        return self.ppo_epochs * self.num_minibatches
+
+    def check_run(self, run: RunShape) -> None:
+        super().check_run(run)
+        rows = self.rollout_rows_per_learner(run)
+        if rows < self.num_minibatches:
+            raise ValueError(
+                f"algo.num_minibatches ({self.num_minibatches}) exceeds the rollout rows per learner "
+                f"({rows} = algo.train_every x envs / learners)"
+            )
+
+    @property
     def clip_range(self) -> tuple[float, float]:
         return self.clip_param if isinstance(self.clip_param, tuple) else (self.clip_param, self.clip_param)
 
@@ -101,23 +113,6 @@ def make_policy(cfg: PPOConfig, obs: ObsDims, act_dim: int) -> GaussianActorCrit
     return GaussianActorCritic(
         obs, act_dim, cfg.actor_hidden_dims, cfg.critic_hidden_dims, cfg.normalize_obs, cfg.init_log_std
     )
-
-
-class Rollout(NamedTuple):
-    """On-policy data of shape (train_every, envs): what the runners measured while acting."""
-
-    obs: Tensor
-    action: Tensor  # unclipped, as sampled
-    log_prob: Tensor  # log pi_old(action|obs)
-    value: Tensor  # V_old(obs)
-    reward: Tensor
-    next_value: Tensor  # V_old(true next obs): the final observation at a truncation
-    terminated: Tensor
-    truncated: Tensor
-
-    @classmethod
-    def from_numpy(cls, arrays: dict, device: torch.device) -> Rollout:
-        return cls(*(torch.tensor(arrays[f], device=device, dtype=torch.float32) for f in cls._fields))
 
 
 def gae(

@@ -25,10 +25,10 @@ from aa_ray import ddp
 from aa_ray import metric_names as m
 from aa_ray.algos import config, soft_updates
 from aa_ray.algos.bookkeeping import Bookkeeping
-from aa_ray.algos.common import Batch, ObsDims
 from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, RewardNormalizer, every_group, fused_adam, make_optimizer
 from aa_ray.nets.mlp import EnsembleQ, MLPActor, MLPValue
-from aa_ray.nets.policy import SquashedGaussianPolicy
+from aa_ray.nets.policy import ObsDims, SquashedGaussianPolicy
+from aa_ray.records import Batch
 
 
 class SACConfig(
@@ -69,9 +69,9 @@ class SAC(Bookkeeping):
         )
 
     def update(self, batch: Batch) -> dict[str, Tensor]:
-        """One fleet step: `len(batch)` critic (and V) steps, then the actor and temperature on the last batch."""
+        """One fleet step: `batch.num_batches` critic (and V) steps, then the actor and temperature on the last batch."""
         alpha = self.log_alpha.detach().exp()
-        for i in range(len(batch)):
+        for i in range(batch.num_batches):
             x = soft_updates.prepare(batch.at(i), self.policy, self.reward_norm)
             info, q = soft_updates.update_scalar_critics(
                 x, alpha, self.policy, self.critics, self.reward_norm.scale(), self.cfg

@@ -27,11 +27,11 @@ from aa_ray import ddp
 from aa_ray import metric_names as m
 from aa_ray.algos import config, soft_updates
 from aa_ray.algos.bookkeeping import Bookkeeping
-from aa_ray.algos.common import Batch, ObsDims
 from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, every_group, fused_adam, make_optimizer
 from aa_ray.nets.distributional import EnsembleCategoricalQ, expected_value, make_support
 from aa_ray.nets.mlp import MLPActor
-from aa_ray.nets.policy import SquashedGaussianPolicy
+from aa_ray.nets.policy import ObsDims, SquashedGaussianPolicy
+from aa_ray.records import Batch
 
 
 class SACDistConfig(
@@ -70,10 +70,10 @@ class SACDist(Bookkeeping):
         self.critics = soft_updates.Critics(self.critic, ddp.wrap(self.critic), self.critic_target, self.critic_step)
 
     def update(self, batch: Batch) -> dict[str, Tensor]:
-        """One fleet step: `len(batch)` critic steps, then the actor (on the critics' expected Q) and
+        """One fleet step: `batch.num_batches` critic steps, then the actor (on the critics' expected Q) and
         the temperature on the last batch."""
         alpha = self.log_alpha.detach().exp()
-        for i in range(len(batch)):
+        for i in range(batch.num_batches):
             x = soft_updates.prepare(batch.at(i), self.policy, self.reward_norm)
             info, q = soft_updates.update_categorical_critics(
                 x, alpha, self.policy, self.critics, self.support, self.reward_norm.scale(), self.cfg

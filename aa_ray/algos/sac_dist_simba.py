@@ -25,11 +25,11 @@ from aa_ray import ddp
 from aa_ray import metric_names as m
 from aa_ray.algos import config, soft_updates
 from aa_ray.algos.bookkeeping import Bookkeeping
-from aa_ray.algos.common import Batch, ObsDims
 from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, every_group, fused_adam, make_optimizer
 from aa_ray.nets.distributional import SimbaV2CategoricalCritic, expected_value, make_support
-from aa_ray.nets.policy import SquashedGaussianPolicy
+from aa_ray.nets.policy import ObsDims, SquashedGaussianPolicy
 from aa_ray.nets.simba import SimbaV2Actor, normalize_weights_
+from aa_ray.records import Batch
 
 
 class SACDistSimbaConfig(
@@ -82,13 +82,13 @@ class SACDistSimba(Bookkeeping):
 
     def update(self, batch: Batch) -> dict[str, Tensor]:
         """SimbaV2's order: actor (on the critics' expected Q) and temperature on the first batch, then
-        `len(batch)` critic steps, each followed by the target update; then the lrs decay a step."""
+        `batch.num_batches` critic steps, each followed by the target update; then the lrs decay a step."""
         info = soft_updates.update_actor_and_temperature(
             batch.at(0).obs, self.policy, self.policy_ddp, self.critic, partial(expected_value, support=self.support),
             self.actor_step, self.log_alpha, self.alpha_step, self.target_entropy, self.cfg,
         ) | {m.ACTOR_LR: self.schedule.current_lr()}
         alpha = self.log_alpha.detach().exp()
-        for i in range(len(batch)):
+        for i in range(batch.num_batches):
             critic_info, q = soft_updates.update_categorical_critics(
                 soft_updates.prepare(batch.at(i), self.policy, self.reward_norm), alpha, self.policy, self.critics,
                 self.support, self.reward_norm.scale(), self.cfg,

@@ -22,10 +22,10 @@ from aa_ray import ddp
 from aa_ray import metric_names as m
 from aa_ray.algos import config, soft_updates
 from aa_ray.algos.bookkeeping import Bookkeeping
-from aa_ray.algos.common import Batch, ObsDims
 from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, RewardNormalizer, every_group, fused_adam, make_optimizer
-from aa_ray.nets.policy import SquashedGaussianPolicy
+from aa_ray.nets.policy import ObsDims, SquashedGaussianPolicy
 from aa_ray.nets.simba import SimbaV2Actor, SimbaV2Critic, SimbaV2Value, normalize_weights_
+from aa_ray.records import Batch
 
 
 class SACSimbaConfig(
@@ -81,14 +81,14 @@ class SACSimba(Bookkeeping):
         )
 
     def update(self, batch: Batch) -> dict[str, Tensor]:
-        """SimbaV2's order: actor and temperature on the first batch, then `len(batch)` critic (and V)
+        """SimbaV2's order: actor and temperature on the first batch, then `batch.num_batches` critic (and V)
         steps, each followed by the target update; then the learning rates move along their decay."""
         info = soft_updates.update_actor_and_temperature(
             batch.at(0).obs, self.policy, self.policy_ddp, self.critic, lambda q: q, self.actor_step,
             self.log_alpha, self.alpha_step, self.target_entropy, self.cfg,
         ) | {m.ACTOR_LR: self.schedule.current_lr()}
         alpha = self.log_alpha.detach().exp()
-        for i in range(len(batch)):
+        for i in range(batch.num_batches):
             critic_info, q = soft_updates.update_scalar_critics(
                 soft_updates.prepare(batch.at(i), self.policy, self.reward_norm), alpha, self.policy, self.critics,
                 self.reward_norm.scale(), self.cfg,

@@ -14,7 +14,6 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from aa_ray.algos.common import Batch
 from aa_ray.algos.config import C51Support, TemperatureKnobs
 from aa_ray.algos.knobs import GradientStep, RewardNormalizer, autocast, frozen, polyak_update_
 from aa_ray.algos.losses import (
@@ -35,6 +34,7 @@ from aa_ray.algos.losses import (
 )
 from aa_ray.nets.distributional import expected_value
 from aa_ray.nets.policy import SquashedGaussianPolicy
+from aa_ray.records import Batch
 
 
 def temperature(cfg: TemperatureKnobs, act_dim: int, device: torch.device) -> tuple[Tensor, float]:

@@ -32,7 +32,6 @@ from torch import Tensor
 from aa_ray import ddp
 from aa_ray import metric_names as m
 from aa_ray.algos.bookkeeping import Bookkeeping
-from aa_ray.algos.common import Batch, ObsDims
 from aa_ray.algos.config import LearningRates, MLPNetworks, OffPolicyKnobs, RLPDKnobs
 from aa_ray.algos.knobs import (
     GradientStep,
@@ -53,6 +52,8 @@ from aa_ray.algos.losses import (
 )
 from aa_ray.nets.deterministic import DeterministicPolicy
 from aa_ray.nets.mlp import EnsembleQ, mlp
+from aa_ray.nets.policy import ObsDims
+from aa_ray.records import Batch
 
 
 class TD3Config(OffPolicyKnobs, LearningRates, RLPDKnobs, MLPNetworks):
@@ -90,11 +91,11 @@ class TD3(Bookkeeping):
         self.policy_ddp, self.critic_ddp = ddp.wrap(self.policy), ddp.wrap(self.critic)
 
     def update(self, batch: Batch) -> dict[str, Tensor]:
-        """One fleet step: `len(batch)` critic steps; after every `policy_delay`-th critic step
+        """One fleet step: `batch.num_batches` critic steps; after every `policy_delay`-th critic step
         (counted over the whole run), an actor step on the same batch and a polyak step of the
         target actor and critics."""
         info: dict[str, Tensor] = {}
-        for i in range(len(batch)):
+        for i in range(batch.num_batches):
             b = batch.at(i)
             info |= self.critic_update(b)
             self.critic_updates += 1

@@ -52,6 +52,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from aa_ray.nets.policy import ObsDims
+from aa_ray.records import Transitions
 
 FORMAT = "aa-ray transitions"
 FORMAT_VERSION = 1
@@ -62,8 +63,28 @@ ACTION_ENCODING = "policy space [-1, 1]; env action = low + (a + 1) / 2 * (high 
 OBS, ACTIONS, REWARDS, NEXT_OBS = "obs", "actions", "rewards", "new_obs"
 TERMINATEDS, TRUNCATEDS, EPS_ID, T = "terminateds", "truncateds", "eps_id", "t"
 COLUMNS = (OBS, ACTIONS, REWARDS, NEXT_OBS, TERMINATEDS, TRUNCATEDS, EPS_ID, T)
+# the one place the dataset's column names meet the runtime's field names (aa_ray.records.Transitions)
+COLUMN_OF_FIELD = {
+    "obs": OBS, "action": ACTIONS, "reward": REWARDS, "next_obs": NEXT_OBS,
+    "terminated": TERMINATEDS, "truncated": TRUNCATEDS,
+}
 _VECTOR_COLUMNS = {OBS: "obs", ACTIONS: "act", NEXT_OBS: "obs"}  # fixed-size lists, of obs_dim or act_dim
 _NUMPY_DTYPES = {REWARDS: np.float32, TERMINATEDS: np.bool_, TRUNCATEDS: np.bool_, EPS_ID: np.int64, T: np.int64}
+
+
+def episode_columns(transitions: Transitions, eps_id: int) -> dict[str, np.ndarray]:
+    """One recorded episode's transitions (in order) as the dataset's columns."""
+    columns = {column: getattr(transitions, name) for name, column in COLUMN_OF_FIELD.items()}
+    columns = {column: np.asarray(values, _NUMPY_DTYPES.get(column, np.float32)) for column, values in columns.items()}
+    columns[EPS_ID] = np.full(transitions.rows, eps_id, np.int64)
+    columns[T] = np.arange(transitions.rows, dtype=np.int64)
+    return columns
+
+
+def as_transitions(batch: Mapping[str, np.ndarray], gamma: float) -> Transitions:
+    """A batch of dataset rows as 1-step replay transitions (discount gamma)."""
+    fields = {name: np.asarray(batch[column], np.float32) for name, column in COLUMN_OF_FIELD.items()}
+    return Transitions(**fields, discount=np.full(len(batch[REWARDS]), gamma, np.float32))
 
 
 class DatasetError(ValueError):

@@ -164,9 +164,9 @@ def rollout(
                 pending = submit()  # the next round runs while this one is written
                 for transitions, stats in results:
                     writer.write(transitions)
-                    returns += [s["return"] for s in stats]
-                    for s in stats:
-                        for key, value in s.get("info", {}).items():
+                    returns += [episode.episode_return for episode in stats]
+                    for episode in stats:
+                        for key, value in episode.info.items():
                             infos.setdefault(key, []).append(value)
                 line = f"rollout: {len(returns)}/{episodes} episodes, {writer.num_transitions:,} transitions"
                 line += f", mean return {np.mean(returns):.4g}"

@@ -35,6 +35,7 @@ from gymnasium.envs.registration import load_env_creator
 
 from aa_ray.envs.source import import_object, prepare, registered_id, resolve_entry_point
 from aa_ray.nets.policy import ObsDims
+from aa_ray.records import Transitions
 from aa_ray.spec.loader import SpecError
 
 Array = TypeVar("Array")  # numpy arrays or torch tensors: indexing and a multiply work on both
@@ -211,9 +212,11 @@ def sym_aug_mirror(spec: Any, obs: ObsDims | int, act_dim: int) -> Mirror | None
     return mirror
 
 
-def augment(samples: dict[str, np.ndarray], mirror: Mirror) -> dict[str, np.ndarray]:
+def augment(transitions: Transitions, mirror: Mirror) -> Transitions:
     """Replay batches (..., batch, features) doubled along the batch axis with their mirror images:
     obs, action and next_obs mirrored, reward, done flags and discount as they were."""
-    mirrored = {"obs": mirror.obs, "next_obs": mirror.obs, "action": mirror.action}
-    return {name: np.concatenate([column, mirrored[name](column) if name in mirrored else column], axis=1)
-            for name, column in samples.items()}
+    mirrored = transitions._replace(
+        obs=mirror.obs(transitions.obs), action=mirror.action(transitions.action),
+        next_obs=mirror.obs(transitions.next_obs),
+    )
+    return Transitions.concat([transitions, mirrored], axis=1)

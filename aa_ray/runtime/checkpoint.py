@@ -213,7 +213,7 @@ def verify_resume(payload: dict[str, Any], spec: ExperimentSpec, algorithm: Any,
         )
     check_compatible(spec, payload)
     check_learner_state(payload, algorithm)
-    return None if spec.on_policy else read_replay(payload, obs_dim, act_dim)
+    return read_replay(payload, obs_dim, act_dim) if spec.algo.replay_actor else None
 
 
 def check_learner_state(payload: dict[str, Any], algorithm: Any) -> None:

@@ -47,8 +47,8 @@ class Window:
         self.updates += it.updates
         self.lags += it.policy_lags
         for episode in it.episodes:
-            self.returns.append(episode["return"])
-            for key, value in episode.get("info", {}).items():
+            self.returns.append(episode.episode_return)
+            for key, value in episode.info.items():
                 self.infos.setdefault(key, deque(maxlen=RECENT_EPISODES)).append(value)
 
     def metrics(self) -> dict[str, float]:

@@ -15,13 +15,23 @@ import torch
 from aa_ray import metric_names as m
 from aa_ray import seeding
 from aa_ray.algos import build_policy
-from aa_ray.algos.common import ObsDims
-from aa_ray.algos.knobs import return_moments
+from aa_ray.algos.contract import OnPolicyActor
 from aa_ray.data import dataset as ds
 from aa_ray.data.scripted import scripted_controllers
 from aa_ray.envs import RENDER_BACKEND_ERRORS, make_env, make_vector_env, vector_obs_dims
 from aa_ray.envs.info_metrics import final_info, metric_name, tracked_info_keys
+from aa_ray.nets.policy import ObsDims
+from aa_ray.records import (
+    ChunkStats,
+    EpisodeStats,
+    NormMoments,
+    RolloutChunk,
+    Transitions,
+    obs_moments,
+    return_moments,
+)
 from aa_ray.runtime.env_state import pack, restore_vector_env, snapshot_vector_env, unpack
+from aa_ray.runtime.families import family_of
 from aa_ray.runtime.metrics import RunMetrics, run_tag
 from aa_ray.runtime.nstep import NStepWindow
 from aa_ray.spec.experiment import ExperimentSpec
@@ -34,7 +44,7 @@ class EpisodeTracker:
     def __init__(self, num_envs: int):
         self.returns = np.zeros(num_envs)
         self.lengths = np.zeros(num_envs, dtype=np.int64)
-        self.finished: list[dict[str, Any]] = []
+        self.finished: list[EpisodeStats] = []
 
     def step(
         self, reward: np.ndarray, done: np.ndarray, valid: np.ndarray, info: dict[str, Any], keys: tuple[str, ...] = ()
@@ -45,10 +55,10 @@ class EpisodeTracker:
         self.lengths += valid
         for i in np.flatnonzero(done & valid):
             values = final_info(info, i, keys)
-            self.finished.append({"return": float(self.returns[i]), "length": float(self.lengths[i]), "info": values})
+            self.finished.append(EpisodeStats(float(self.returns[i]), float(self.lengths[i]), values))
             self.returns[i], self.lengths[i] = 0.0, 0
 
-    def pop(self) -> list[dict[str, float]]:
+    def pop(self) -> list[EpisodeStats]:
         finished, self.finished = self.finished, []
         return finished
 
@@ -62,7 +72,7 @@ class EpisodeRecorder:
         self.obs, _ = envs.reset(seed=seeds)
         self.autoreset = np.zeros(envs.num_envs, dtype=bool)
         self.current: list[list[tuple]] = [[] for _ in range(envs.num_envs)]
-        self.finished: deque[tuple[dict[str, np.ndarray], dict[str, float]]] = deque()
+        self.finished: deque[tuple[Transitions, EpisodeStats]] = deque()
 
     def step(self, action: np.ndarray, to_env_action: Any) -> None:
         next_obs, reward, terminated, truncated, info = self.envs.step(to_env_action(action))
@@ -80,19 +90,12 @@ class EpisodeRecorder:
     @staticmethod
     def _episode(
         steps: list[tuple], info: dict[str, Any], i: int, keys: tuple[str, ...]
-    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        obs, action, reward, next_obs, terminated, truncated = (np.asarray(c) for c in zip(*steps, strict=True))
-        columns = {
-            ds.OBS: obs.astype(np.float32),
-            ds.ACTIONS: action.astype(np.float32),
-            ds.REWARDS: reward.astype(np.float32),
-            ds.NEXT_OBS: next_obs.astype(np.float32),
-            ds.TERMINATEDS: terminated.astype(bool),
-            ds.TRUNCATEDS: truncated.astype(bool),
-            ds.T: np.arange(len(steps), dtype=np.int64),
-        }
-        stats = {"return": float(reward.sum()), "length": float(len(steps)), "info": final_info(info, i, keys)}
-        return columns, stats
+    ) -> tuple[Transitions, EpisodeStats]:
+        obs, action, reward, next_obs, terminated, truncated = (
+            np.asarray(c, np.float32) for c in zip(*steps, strict=True)
+        )
+        episode = Transitions(obs, action, reward, next_obs, terminated, truncated, np.ones_like(reward))
+        return episode, EpisodeStats(float(reward.sum()), float(len(steps)), final_info(info, i, keys))
 
 
 class EnvRunner:
@@ -109,7 +112,7 @@ class EnvRunner:
         self.spec = spec
         self.index = index
         self.num_envs = spec.runners.envs_per_runner
-        self.envs = make_vector_env(spec, self.num_envs, same_step_reset=spec.on_policy)
+        self.envs = make_vector_env(spec, self.num_envs, same_step_reset=family_of(spec).same_step_reset)
         act_space = self.envs.single_action_space
         self.act_low, self.act_high = act_space.low.astype(np.float32), act_space.high.astype(np.float32)
         self.obs_dims, self.act_dim = vector_obs_dims(self.envs), act_space.shape[0]
@@ -160,7 +163,7 @@ class EnvRunner:
         """Map policy actions in [-1, 1] onto the env's bounds (replay keeps the [-1, 1] ones)."""
         return self.act_low + 0.5 * (action + 1.0) * (self.act_high - self.act_low)
 
-    def sample(self, num_steps: int, random_actions: bool) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    def sample(self, num_steps: int, random_actions: bool) -> tuple[Transitions, ChunkStats]:
         """Step every env `num_steps` times. Returns (transitions, stats); stats include the moments
         of raw observations and returns that the learner merges into its normalizers."""
         start = time.perf_counter()
@@ -192,20 +195,10 @@ class EnvRunner:
             self.obs = next_obs
 
         transitions = self._transitions(buf, valid)
-        obs = transitions["obs"].astype(np.float64)
-        stats = {
-            "env_steps": int(valid.sum()),
-            "episodes": self.episodes.pop(),
-            "policy_version": self.policy_version,
-            "norm_stats": {
-                "obs": (len(obs), obs.mean(0), obs.var(0)) if len(obs) else (0, None, None),
-                "return": return_moments(returns[valid]),
-            },
-        }
-        self._record(stats, start)
-        return transitions, stats
+        moments = NormMoments(obs_moments(transitions.obs), return_moments(returns[valid]))
+        return transitions, self._chunk_stats(int(valid.sum()), moments, start)
 
-    def sample_rollout(self, num_steps: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    def sample_rollout(self, num_steps: int) -> tuple[RolloutChunk, ChunkStats]:
         """On-policy: step every env `num_steps` times with the current policy. Returns (rollout of
         shape (num_steps, E, ...), stats): sampled actions with their log-probs, V(s), and V(s') of
         the true next observation (the final one when an episode ended in this step)."""
@@ -222,8 +215,9 @@ class EnvRunner:
         }
         returns = np.empty(shape)
         every_env = np.ones(self.num_envs, dtype=bool)
+        policy: OnPolicyActor = self.policy
         for t in range(num_steps):
-            action, log_prob = self.policy.explore(self.obs, self.generator)
+            action, log_prob = policy.explore(self.obs, self.generator)
             reset_obs, reward, terminated, truncated, info = self.envs.step(self.to_env_action(np.clip(action, -1, 1)))
             done = terminated | truncated
             obs[t], next_obs[t] = self.obs, reset_obs
@@ -236,50 +230,48 @@ class EnvRunner:
             self.episodes.step(reward, done, every_env, info["final_info"] if done.any() else info, self.info_keys)
             self.obs = reset_obs
         # one batched critic pass over the whole chunk, not one per step
-        rollout["obs"] = obs
-        rollout["value"] = self.policy.value(obs.reshape(-1, obs.shape[-1])).reshape(shape)
-        rollout["next_value"] = self.policy.value(next_obs.reshape(-1, obs.shape[-1])).reshape(shape)
-        flat = obs.reshape(-1, obs.shape[-1]).astype(np.float64)
-        stats = {
-            "env_steps": num_steps * self.num_envs,
-            "episodes": self.episodes.pop(),
-            "policy_version": self.policy_version,
-            "norm_stats": {"obs": (len(flat), flat.mean(0), flat.var(0)), "return": return_moments(returns.ravel())},
-        }
-        self._record(stats, start)
-        return rollout, stats
+        flat_obs = obs.reshape(-1, obs.shape[-1])
+        chunk = RolloutChunk(
+            obs=obs, action=rollout["action"], log_prob=rollout["log_prob"],
+            value=policy.value(flat_obs).reshape(shape), reward=rollout["reward"],
+            next_value=policy.value(next_obs.reshape(-1, obs.shape[-1])).reshape(shape),
+            terminated=rollout["terminated"], truncated=rollout["truncated"],
+        )
+        moments = NormMoments(obs_moments(flat_obs), return_moments(returns.ravel()))
+        return chunk, self._chunk_stats(num_steps * self.num_envs, moments, start)
 
-    def _record(self, stats: dict[str, Any], start: float) -> None:
-        """The chunk's timings (runtime/phases.py) into its stats, and the Ray metrics."""
-        stats["collect_s"], stats["weights_s"] = time.perf_counter() - start, self.weights_s
+    def _chunk_stats(self, env_steps: int, moments: NormMoments, start: float) -> ChunkStats:
+        """The chunk's counts, episodes, moments and timings (runtime/phases.py); the Ray metrics."""
+        stats = ChunkStats(
+            env_steps, self.episodes.pop(), self.policy_version, moments,
+            collect_s=time.perf_counter() - start, weights_s=self.weights_s,
+        )
         self.weights_s = 0.0
-        self.metrics.inc("aa_ray_env_steps", stats["env_steps"])
-        self.metrics.set("aa_ray_env_steps_per_s", stats["env_steps"] / max(stats["collect_s"], 1e-9))
+        self.metrics.inc("aa_ray_env_steps", env_steps)
+        self.metrics.set("aa_ray_env_steps_per_s", env_steps / max(stats.collect_s, 1e-9))
+        return stats
 
-    def _transitions(self, buf: dict[str, np.ndarray], valid: np.ndarray) -> dict[str, np.ndarray]:
+    def _transitions(self, buf: dict[str, np.ndarray], valid: np.ndarray) -> Transitions:
         """Stored transitions: every real step (1-step), or the n-step windows completed so far."""
         if self.nstep is None:
-            transitions = {k: v[valid] for k, v in buf.items()}
-            transitions["discount"] = np.full(len(transitions["reward"]), self.gamma, np.float32)
-            return transitions
+            rows = int(valid.sum())
+            return Transitions(**{k: v[valid] for k, v in buf.items()}, discount=np.full(rows, self.gamma, np.float32))
         rows = []
         for t, i in zip(*np.nonzero(valid), strict=True):  # time-major, so each env's steps stay in order
             rows += self.nstep.push(
                 i, buf["obs"][t, i], buf["action"][t, i], float(buf["reward"][t, i]), buf["next_obs"][t, i],
                 bool(buf["terminated"][t, i]), bool(buf["truncated"][t, i]),
             )
-        names = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "discount")
         if not rows:
-            return {k: v[:0] for k, v in buf.items()} | {"discount": np.zeros(0, np.float32)}
-        columns = zip(*rows, strict=True)
-        return {name: np.asarray(column, np.float32) for name, column in zip(names, columns, strict=True)}
+            return Transitions(**{k: v[:0] for k, v in buf.items()}, discount=np.zeros(0, np.float32))
+        return Transitions(*(np.asarray(column, np.float32) for column in zip(*rows, strict=True)))
 
     def rollout(
         self, num_episodes: int, first_eps_id: int, scripted: bool = False, deterministic: bool = False
-    ) -> tuple[dict[str, np.ndarray], list[dict[str, float]]]:
+    ) -> tuple[dict[str, np.ndarray], list[EpisodeStats]]:
         """Record `num_episodes` whole episodes, acting with the current policy (sampled, or its
         mean with `deterministic`) or with the env's scripted controller. Returns (transitions in the
-        dataset's columns, one stats dict per episode); episodes get ids `first_eps_id`, +1, ...
+        dataset's columns, each episode's stats); episodes get ids `first_eps_id`, +1, ...
 
         Uses its own env copies, separate from `sample`'s. Episodes still running when a call
         returns carry over into the next call, so no env step is wasted between calls."""
@@ -298,12 +290,10 @@ class EnvRunner:
         while len(recorder.finished) < num_episodes:
             recorder.step(act(recorder.obs), self.to_env_action)
         episodes = [recorder.finished.popleft() for _ in range(num_episodes)]
-        for k, (columns, _) in enumerate(episodes):
-            columns[ds.EPS_ID] = np.full(len(columns[ds.T]), first_eps_id + k, np.int64)
         if not episodes:
             return {name: np.zeros(0) for name in ds.COLUMNS}, []
-        transitions = {name: np.concatenate([columns[name] for columns, _ in episodes]) for name in ds.COLUMNS}
-        return transitions, [stats for _, stats in episodes]
+        columns = [ds.episode_columns(steps, first_eps_id + k) for k, (steps, _) in enumerate(episodes)]
+        return {name: np.concatenate([c[name] for c in columns]) for name in ds.COLUMNS}, [s for _, s in episodes]
 
     def evaluate(self, num_episodes: int) -> dict[str, float]:
         """Run `num_episodes` deterministic episodes on separate envs with fixed seeds, so every
@@ -315,7 +305,7 @@ class EnvRunner:
         obs, _ = self.eval_envs.reset(seed=seeding.eval_env_seeds(self.spec.seed, num_episodes))
         tracker = EpisodeTracker(num_episodes)
         finished = np.zeros(num_episodes, dtype=bool)
-        results: list[dict[str, float] | None] = [None] * num_episodes
+        results: list[EpisodeStats | None] = [None] * num_episodes
         while not finished.all():
             action = self.policy.act(obs, deterministic=True)
             obs, reward, terminated, truncated, info = self.eval_envs.step(self.to_env_action(action))
@@ -325,11 +315,11 @@ class EnvRunner:
                 results[i] = tracker.finished.pop(0)
             finished |= done
         out = {
-            m.EVAL_RETURN: float(np.mean([r["return"] for r in results])),
-            m.EVAL_LENGTH: float(np.mean([r["length"] for r in results])),
+            m.EVAL_RETURN: float(np.mean([r.episode_return for r in results])),
+            m.EVAL_LENGTH: float(np.mean([r.length for r in results])),
         }
         for key in self.info_keys:
-            values = [r["info"][key] for r in results if key in r["info"]]
+            values = [r.info[key] for r in results if key in r.info]
             if values:
                 out[m.EVAL_PREFIX + metric_name(key)] = float(np.mean(values))
         return out

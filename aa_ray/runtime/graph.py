@@ -30,8 +30,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from aa_ray.algos.common import ObsDims
-from aa_ray.algos.knobs import return_moments
+from aa_ray.nets.policy import ObsDims
+from aa_ray.records import ChunkStats, LearnerReport, NormMoments, return_moments
 from aa_ray.runtime.checkpoint import REPLAY_FILE
 from aa_ray.runtime.cluster import RayActors
 from aa_ray.runtime.env_runner import EnvRunner
@@ -47,12 +47,6 @@ class RunnerRestart(NamedTuple):
     runner: int
     reason: str
     restarts: int  # the run's runner restarts so far, this one included
-
-
-def update_batches(spec: ExperimentSpec) -> int:
-    """Replay batches one learner iteration trains on: `train_every` fleet steps of `utd_ratio`
-    batches each (the update-to-data ratio). The driver's only UTD arithmetic."""
-    return spec.algo.train_every * spec.algo.utd_ratio
 
 
 def actor_backend(spec: ExperimentSpec) -> RayActors | InlineActors:
@@ -75,7 +69,7 @@ class ActorGraph:
         self.replay: Any | None = None  # on-policy algorithms learn from fresh rollouts only
         self.prior_info: dict[str, Any] | None = None  # what the replay actor loaded from algo.prior_data
         self.weights: tuple[Any, Any] | None = None  # refs of the newest published (policy state, version)
-        self.pending_stats: list[dict] = []  # runners' normalizer moments the learners have not merged yet
+        self.pending_stats: list[NormMoments] = []  # runners' normalizer moments the learners have not merged yet
         self.replay_size = 0
         self.runner_restarts = 0
         self.unreported_restarts: list[RunnerRestart] = []  # replaced runners the driver has not told yet
@@ -94,7 +88,7 @@ class ActorGraph:
         ]
         self.runners = [self._make_runner(index) for index in range(spec.runners.num_runners)]
         self._check_runner_envs()
-        if not spec.on_policy:
+        if spec.algo.replay_actor:
             self.replay = self.actors.start(
                 ReplayBuffer, spec.algo.buffer_size, self.obs.full, self.act_dim, seed=spec.seed, run=run_tag(spec),
                 obs_groups=self.obs.groups,
@@ -213,7 +207,7 @@ class ActorGraph:
         normalizer already holds them)."""
         if self.prior_info is not None:
             # a dataset's observation moments join the normalizer like a runner's; its returns do not
-            self.pending_stats.append({"obs": self.prior_info["obs"], "return": return_moments([])})
+            self.pending_stats.append(NormMoments(self.prior_info["obs"], return_moments([])))
 
     # ---- weights and updates ---------------------------------------------------------------------
     def request_weights(self) -> tuple[Any, Any]:
@@ -225,30 +219,31 @@ class ActorGraph:
         for runner in self.runners:
             runner.set_weights.remote(*self.weights)
 
-    def queue_stats(self, chunk_stats: list[dict[str, Any]]) -> None:
+    def queue_stats(self, chunk_stats: list[ChunkStats]) -> None:
         """Finished chunks' normalizer moments, for the learners' next update to merge."""
-        self.pending_stats += [stats["norm_stats"] for stats in chunk_stats]
+        self.pending_stats += [stats.moments for stats in chunk_stats]
 
     def submit_update(self) -> list[Any]:
-        """Queue one learner iteration on every learner: a global stack of `update_batches` batches
-        from the replay actor, one shard per learner, and the normalizer moments to merge."""
-        num_batches, batch_size, num_learners = update_batches(self.spec), self.spec.algo.batch_size, len(self.learners)
+        """Queue one learner iteration on every learner: a global stack of the algorithm's
+        `updates_per_iteration` batches from the replay actor, one shard per learner, and the
+        normalizer moments to merge."""
+        algo, num_learners = self.spec.algo, len(self.learners)
         shards = self.replay.sample_for_learners.options(num_returns=num_learners).remote(
-            num_batches, batch_size, num_learners
+            algo.updates_per_iteration, algo.batch_size, num_learners
         )
         shards = [shards] if num_learners == 1 else shards
         pairs = zip(self.learners, shards, strict=True)
-        updates = [learner.update.remote(shard, self.pending_stats) for learner, shard in pairs]
+        updates = [learner.update.remote(self.pending_stats, shard) for learner, shard in pairs]
         self.pending_stats = []
         return updates
 
     def submit_rollouts(self, rollouts: list[Any]) -> list[Any]:
-        """On-policy: queue an update on all of this iteration's rollouts on every learner."""
-        updates = [learner.update_rollouts.remote(self.pending_stats, *rollouts) for learner in self.learners]
+        """Queue an update on all of this iteration's rollouts on every learner (each takes its share)."""
+        updates = [learner.update.remote(self.pending_stats, *rollouts) for learner in self.learners]
         self.pending_stats = []
         return updates
 
-    def finish_update(self, update_refs: list[Any]) -> dict[str, float]:
+    def finish_update(self, update_refs: list[Any]) -> LearnerReport:
         """Rank 0's metrics of a submitted update. ActorLost when a learner died (the trainer
         recovers), LearnerFailed when one raised (the run stops)."""
         try:

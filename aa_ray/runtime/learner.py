@@ -17,21 +17,20 @@ import copy
 import logging
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from aa_ray import metric_names as m
 from aa_ray import seeding
-from aa_ray.algos import build_algorithm
-from aa_ray.algos.common import Batch, ObsDims
 from aa_ray.algos.contract import Algorithm, diagnostics_to_floats
-from aa_ray.algos.ppo import Rollout
-from aa_ray.envs.symmetry import augment, sym_aug_mirror
+from aa_ray.envs.symmetry import sym_aug_mirror
+from aa_ray.nets.policy import ObsDims
+from aa_ray.records import Batch, LearnerReport, NormMoments, ReplaySample, Transitions
+from aa_ray.runtime.families import family_of
 from aa_ray.runtime.metrics import RunMetrics, run_tag
 from aa_ray.spec.experiment import ExperimentSpec
 
@@ -80,9 +79,10 @@ class Learner:
         self.compiled = compiles(spec, self.device)
         self.compile_checked = not self.compiled  # the first compiled update is guarded (`_eager_if_compiling_fails`)
         self.feed = DeviceFeed(self.device)
+        self.family = family_of(spec)
         self.mirror = sym_aug_mirror(spec, self.obs, act_dim)
         self.weights_version = 0
-        self.critic_updates = 0
+        self.gradient_updates = 0  # every update the algorithm made (critic and actor steps alike count once)
         self.algo: Algorithm | None = None  # built once this learner is in its process group
         self.store: dist.TCPStore | None = None  # rank 0 serves the process group's rendezvous
         self.metrics = RunMetrics(run_tag(spec), rank=rank)
@@ -121,7 +121,7 @@ class Learner:
     def _build(self) -> None:
         # the same seed on every rank: their sampling noise stays in lockstep
         torch.manual_seed(seeding.learner_seed(self.spec.seed))
-        self.algo = build_algorithm(
+        self.algo = self.family.build(
             self.spec.algo, self.obs, self.act_dim, self.device, planned_fleet_steps(self.spec), self.mirror
         )
         if self.compiled:
@@ -139,59 +139,35 @@ class Learner:
             self._load(holder[0])
 
     # ---- training ------------------------------------------------------------------------------
-    def update(self, samples: dict[str, Any], norm_stats: list[dict]) -> dict[str, float]:
-        """One learner iteration. `samples` stacks (fleet_steps * utd_ratio, batch) transitions (this
-        learner's shard of the global batch); `norm_stats` are the runners' observation and return
-        moments of the data added since the last call, merged into the normalizers here so they stay
-        frozen during the updates (every rank merges the same list, so they agree)."""
-        return self._eager_if_compiling_fails(lambda: self._update(samples, norm_stats))
+    def update(self, norm_stats: Sequence[NormMoments], *data: Any) -> LearnerReport:
+        """One learner iteration on the family's data: one `ReplaySample` (this learner's shard of the
+        global batch, (fleet_steps * utd_ratio, batch) transitions) off-policy, every runner's
+        `RolloutChunk` on-policy. `norm_stats` are the runners' moments of the data collected since
+        the last call; every rank merges the same list, so the normalizers agree. They are merged
+        before or after the updates as the family says (`merge_moments_first`)."""
+        return self._eager_if_compiling_fails(lambda: self._update(norm_stats, data))
 
-    def _update(self, samples: dict[str, Any], norm_stats: list[dict]) -> dict[str, float]:
+    def _update(self, norm_stats: Sequence[NormMoments], data: tuple[Any, ...]) -> LearnerReport:
         start, received = time.perf_counter(), time.time()
-        timing = {key: float(samples.pop(key)) for key in ("sample_s", "sampled_at") if key in samples}
-        if self.mirror is not None:  # algo.sym_aug: the learner alone sees mirrored data (PPO mirrors its own)
-            samples = augment(samples, self.mirror)
-        rows = len(samples["reward"])
-        utd = self.spec.algo.utd_ratio
-        if rows % utd:
-            raise ValueError(
-                f"the learner was given {rows} batches, not a whole number of fleet steps of "
-                f"algo.utd_ratio={utd} batches each; the replay sample must be train_every x utd_ratio batches"
-            )
-        self._merge(norm_stats)
-        diagnostics: dict[str, Any] = {}
-        for fleet_step in self.feed.fleet_steps(samples, utd):
-            diagnostics = self.algo.update(fleet_step)
-        self.critic_updates += rows
-        info = self._finish(diagnostics, rows, start)
-        info[m.LEARNER_CRITIC_UPDATES] = float(self.critic_updates)
-        if timing:  # from the replay actor (runtime/phases.py)
-            info[f"time/{m.PHASE_REPLAY_SAMPLE}_s"] = timing["sample_s"]
-            info[f"time/{m.PHASE_TRANSFER}_s"] = max(received - timing["sampled_at"], 0.0)
-        return info
+        if self.family.merge_moments_first:
+            self._merge(norm_stats)
+        learned = self.family.learn(self, self.spec.algo, data)
+        if not self.family.merge_moments_first:
+            self._merge(norm_stats)
+        self.gradient_updates += learned.updates
+        report = self._finish(learned.diagnostics, learned.updates, start)
+        report.metrics[m.LEARNER_GRADIENT_UPDATES] = float(self.gradient_updates)
+        for sample in data:
+            if isinstance(sample, ReplaySample):  # the replay actor's timings (runtime/phases.py)
+                report.phases[m.PHASE_REPLAY_SAMPLE] = sample.timing.sample_s
+                report.phases[m.PHASE_TRANSFER] = max(received - sample.timing.sampled_at, 0.0)
+        return report
 
-    def update_rollouts(self, norm_stats: list[dict], *rollouts: dict[str, Any]) -> dict[str, float]:
-        """One on-policy update on the runners' rollouts, each (train_every, E, ...): this learner
-        takes its share of the envs. The normalizers take the rollouts' statistics only after the
-        update, so the update sees the observations exactly as the acting policy did."""
-        return self._eager_if_compiling_fails(lambda: self._update_rollouts(norm_stats, *rollouts))
+    def batches(self, transitions: Transitions, utd: int) -> Iterator[Batch]:
+        """A learner iteration's transitions on the device, one fleet step of `utd` batches at a time."""
+        return self.feed.fleet_steps(transitions, utd)
 
-    def _update_rollouts(self, norm_stats: list[dict], *rollouts: dict[str, Any]) -> dict[str, float]:
-        start = time.perf_counter()
-        columns = {key: np.concatenate([r[key] for r in rollouts], axis=1) for key in rollouts[0]}
-        envs = columns["reward"].shape[1]
-        if envs % self.world_size:
-            raise ValueError(
-                f"{envs} envs do not split evenly over learners.num_learners={self.world_size}; "
-                "make runners.num_runners x runners.envs_per_runner a multiple of it"
-            )
-        share = envs // self.world_size
-        mine = {key: value[:, self.rank * share : (self.rank + 1) * share] for key, value in columns.items()}
-        diagnostics = self.algo.update(Rollout.from_numpy(mine, self.device))
-        self._merge(norm_stats)
-        return self._finish(diagnostics, self.spec.algo.ppo_epochs * self.spec.algo.num_minibatches, start)
-
-    def _eager_if_compiling_fails(self, update: Callable[[], dict[str, float]]) -> dict[str, float]:
+    def _eager_if_compiling_fails(self, update: Callable[[], LearnerReport]) -> LearnerReport:
         """Compilation happens inside the first compiled update. If it fails there, the learner says
         so once, goes back to the state from before that update and trains eagerly from then on."""
         if self.compile_checked:
@@ -211,11 +187,11 @@ class Learner:
         self.compile_checked = True
         return info
 
-    def _merge(self, norm_stats: list[dict]) -> None:
-        for stats in norm_stats:
-            self.algo.merge_stats(stats["obs"], stats["return"])
+    def _merge(self, norm_stats: Sequence[NormMoments]) -> None:
+        for moments in norm_stats:
+            self.algo.merge_stats(moments.obs, moments.returns)
 
-    def _finish(self, diagnostics: dict[str, Any], updates: int, start: float) -> dict[str, float]:
+    def _finish(self, diagnostics: dict[str, Any], updates: int, start: float) -> LearnerReport:
         """The iteration's diagnostics and the algorithm's health, read on the host in one transfer
         (the only device sync of the iteration)."""
         health = self.algo.health()
@@ -230,7 +206,7 @@ class Learner:
         self.metrics.inc("aa_ray_learner_updates", updates)
         self.metrics.set("aa_ray_learner_updates_per_s", updates / max(info[m.LEARNER_UPDATE_TIME_S], 1e-9))
         self.metrics.losses(info)
-        return info
+        return LearnerReport(info, updates)
 
     def policy_state(self) -> tuple[dict[str, torch.Tensor], int]:
         return self.algo.policy_state(), self.weights_version
@@ -239,7 +215,7 @@ class Learner:
         return {
             "algo": _to_cpu(self.algo.state_dict()),
             "weights_version": self.weights_version,
-            "critic_updates": self.critic_updates,
+            "gradient_updates": self.gradient_updates,
             "torch_rng": torch.get_rng_state(),
         }
 
@@ -250,7 +226,8 @@ class Learner:
     def _load(self, state: dict[str, Any]) -> None:
         self.algo.load_state_dict(state["algo"])
         self.weights_version = int(state["weights_version"])
-        self.critic_updates = int(state["critic_updates"])
+        # checkpoints written before the families named the count critic_updates
+        self.gradient_updates = int(state.get("gradient_updates", state.get("critic_updates")))
         torch.set_rng_state(state["torch_rng"])
 
     def parameters_vector(self) -> torch.Tensor:
@@ -269,14 +246,14 @@ class DeviceFeed:
         self.device = device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
-    def fleet_steps(self, samples: dict[str, Any], utd: int) -> Iterator[Batch]:
-        rows = len(samples["reward"])
+    def fleet_steps(self, transitions: Transitions, utd: int) -> Iterator[Batch]:
+        rows = transitions.rows
         if self.stream is None:
-            batches = Batch.from_numpy(samples, self.device)
+            batches = Batch.from_transitions(transitions, self.device)
             for first in range(0, rows, utd):
                 yield Batch(*(t[first : first + utd] for t in batches))
             return
-        pinned = [torch.tensor(samples[name], dtype=torch.float32).pin_memory() for name in Batch._fields]
+        pinned = [torch.tensor(getattr(transitions, name), dtype=torch.float32).pin_memory() for name in Batch._fields]
         compute = torch.cuda.current_stream(self.device)
         staged = []
         with torch.cuda.stream(self.stream):

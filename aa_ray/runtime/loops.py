@@ -19,7 +19,10 @@ weights older than `runtime.max_policy_lag` versions (the lag logged as `runtime
 An async iteration ends when an update lands (or, before learning starts and at the budget, when
 a chunk lands).
 
-On-policy algorithms (`OnPolicyLoop`, PPO) have no replay actor and no overlap: every runner
+Which loop a run gets is its algorithm family's (`aa_ray.runtime.families`): the off-policy
+family's `loop` is "replay" (sync or async), the on-policy family's is "rollouts".
+
+On-policy algorithms (`OnPolicyLoop`, e.g. PPO) have no replay actor and no overlap: every runner
 collects a rollout of `train_every` steps per env with the current weights, the learners update on
 all of them, and the new weights reach the runners before their next rollout. An iteration in
 which a runner failed is not learned from (its envs' share is missing).
@@ -38,7 +41,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aa_ray import metric_names as m
-from aa_ray.runtime.graph import ActorGraph, update_batches
+from aa_ray.records import ChunkStats, EpisodeStats, LearnerReport
+from aa_ray.runtime.families import family_of
+from aa_ray.runtime.graph import ActorGraph
 from aa_ray.runtime.remote import get_or_failure, get_results
 from aa_ray.spec.experiment import ExperimentSpec
 
@@ -47,19 +52,23 @@ from aa_ray.spec.experiment import ExperimentSpec
 class Iteration:
     """What one iteration did."""
 
-    chunks: list[dict[str, Any]] = field(default_factory=list)  # finished chunks' stats (env steps, episodes)
-    updates: int = 0  # gradient updates the learners made (off-policy: replay batches trained on)
-    learner_metrics: dict[str, float] | None = None  # rank 0's metrics, when an update landed
+    chunks: list[ChunkStats] = field(default_factory=list)  # finished chunks' stats (env steps, episodes)
+    learner: LearnerReport | None = None  # rank 0's report, when an update landed
     loop_metrics: dict[str, float] = field(default_factory=dict)  # async: policy version, updates per fleet step
     policy_lags: list[int] = field(default_factory=list)  # async: versions each chunk's weights were behind
 
     @property
     def env_steps(self) -> int:
-        return sum(stats["env_steps"] for stats in self.chunks)
+        return sum(stats.env_steps for stats in self.chunks)
 
     @property
-    def episodes(self) -> list[dict[str, float]]:
-        return [episode for stats in self.chunks for episode in stats["episodes"]]
+    def episodes(self) -> list[EpisodeStats]:
+        return [episode for stats in self.chunks for episode in stats.episodes]
+
+    @property
+    def updates(self) -> int:
+        """Gradient updates the learners made (off-policy: replay batches trained on)."""
+        return self.learner.updates if self.learner is not None else 0
 
 
 def learning_started(spec: ExperimentSpec, env_steps: int, replay_size: int) -> bool:
@@ -69,11 +78,21 @@ def learning_started(spec: ExperimentSpec, env_steps: int, replay_size: int) -> 
     return env_steps >= algo.warm_up_steps and replay_size >= min(algo.batch_size, max(algo.warm_up_steps, 1))
 
 
-def make_loop(spec: ExperimentSpec, graph: ActorGraph, env_steps: int) -> SyncLoop | AsyncLoop | OnPolicyLoop:
-    """The spec's loop, starting at `env_steps` collected (the graph's weights are published)."""
-    if spec.on_policy:
-        return OnPolicyLoop(spec, graph)
+def replay_loop(spec: ExperimentSpec, graph: ActorGraph, env_steps: int) -> SyncLoop | AsyncLoop:
     return AsyncLoop(spec, graph, env_steps) if spec.runtime.mode == "async" else SyncLoop(spec, graph, env_steps)
+
+
+def rollout_loop(spec: ExperimentSpec, graph: ActorGraph, env_steps: int) -> OnPolicyLoop:
+    return OnPolicyLoop(spec, graph)
+
+
+LOOPS = {"replay": replay_loop, "rollouts": rollout_loop}  # a family's `loop` -> its loop
+
+
+def make_loop(spec: ExperimentSpec, graph: ActorGraph, env_steps: int) -> SyncLoop | AsyncLoop | OnPolicyLoop:
+    """The loop of the spec's algorithm family, starting at `env_steps` collected (the graph's
+    weights are published)."""
+    return LOOPS[family_of(spec).loop](spec, graph, env_steps)
 
 
 def _collect(graph: ActorGraph, sampled: list[tuple[Any, Any]], it: Iteration) -> list[Any]:
@@ -106,8 +125,7 @@ class SyncLoop:
             graph.publish_weights()
         size_ref = graph.replay.add.remote(*_collect(graph, sampled, it))
         if update_refs:
-            it.learner_metrics = graph.finish_update(update_refs)
-            it.updates = update_batches(self.spec)
+            it.learner = graph.finish_update(update_refs)
         graph.replay_size = get_results(size_ref)
         graph.queue_stats(it.chunks)
         self.env_steps += it.env_steps
@@ -124,8 +142,7 @@ class OnPolicyLoop:
         rollouts = _collect(graph, sampled, it)
         graph.queue_stats(it.chunks)
         if len(rollouts) == len(graph.runners):
-            it.learner_metrics = graph.finish_update(graph.submit_rollouts(rollouts))
-            it.updates = algo.ppo_epochs * algo.num_minibatches
+            it.learner = graph.finish_update(graph.submit_rollouts(rollouts))
             graph.publish_weights()
         return it
 
@@ -196,13 +213,12 @@ class AsyncLoop:
                     return it
                 continue
             update_refs, graph.weights = self.updates.popleft()
-            it.learner_metrics = graph.finish_update(update_refs)
-            it.updates = update_batches(self.spec)
+            it.learner = graph.finish_update(update_refs)
             self.completed += 1
             self.published += 1
             learned_fleet_steps = max(self.env_steps - self.learn_start, 1) / self.spec.transitions_per_fleet_step
             it.loop_metrics = {
-                m.RUNTIME_UPDATES_PER_FLEET_STEP: self.completed * update_batches(self.spec) / learned_fleet_steps,
+                m.RUNTIME_UPDATES_PER_FLEET_STEP: self.completed * it.updates / learned_fleet_steps,
                 m.RUNTIME_POLICY_VERSION: float(self.published),
             }
             return it
@@ -220,5 +236,5 @@ class AsyncLoop:
         it.policy_lags.append(self.published - version)
         it.chunks.append(stats)
         self.graph.queue_stats([stats])
-        self.env_steps += stats["env_steps"]
+        self.env_steps += stats.env_steps
         return self.submitted == 0 or self.env_steps >= self.spec.budget.env_steps

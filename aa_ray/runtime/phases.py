@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from aa_ray import metric_names as m
+from aa_ray.records import ChunkStats, LearnerReport
 
 TRACE_FILE = "trace.json"
 
@@ -45,16 +46,16 @@ class Phases:
                 self.spans.append({"name": phase, "cat": "driver", "ph": "X", "ts": wall * 1e6, "dur": elapsed * 1e6,
                                    "pid": "aa-ray driver", "tid": "phases"})
 
-    def count(self, chunks: list[dict[str, Any]], learner_metrics: dict[str, float] | None) -> None:
+    def count(self, chunks: list[ChunkStats], learner: LearnerReport | None) -> None:
         """The actors' timings of one iteration: runners in parallel (the slowest counts), the
         learner's update with the replay sample it trained on."""
         if chunks:
-            self.seconds[m.PHASE_COLLECT] += max(stats.get("collect_s", 0.0) for stats in chunks)
-            self.seconds[m.PHASE_PUBLISH] += max(stats.get("weights_s", 0.0) for stats in chunks)
-        if learner_metrics is not None:
-            self.seconds[m.PHASE_LEARNER_UPDATE] += learner_metrics.get(m.LEARNER_UPDATE_TIME_S, 0.0)
-            for phase in (m.PHASE_REPLAY_SAMPLE, m.PHASE_TRANSFER):
-                self.seconds[phase] += learner_metrics.pop(f"time/{phase}_s", 0.0)
+            self.seconds[m.PHASE_COLLECT] += max(stats.collect_s for stats in chunks)
+            self.seconds[m.PHASE_PUBLISH] += max(stats.weights_s for stats in chunks)
+        if learner is not None:
+            self.seconds[m.PHASE_LEARNER_UPDATE] += learner.metrics.get(m.LEARNER_UPDATE_TIME_S, 0.0)
+            for phase, seconds in learner.phases.items():
+                self.seconds[phase] += seconds
 
     def take(self) -> dict[str, float]:
         """The seconds per phase since the last call, as metrics."""

@@ -13,9 +13,10 @@ import pyarrow as pa
 from aa_ray import seeding
 from aa_ray.algos.knobs import prior_rows  # the one definition, shared with the algorithms' diagnostics
 from aa_ray.data import dataset as ds
+from aa_ray.records import ReplaySample, SampleTiming, Transitions
 from aa_ray.runtime.metrics import RunMetrics
 
-FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "discount")
+FIELDS = Transitions._fields
 
 __all__ = ["FIELDS", "ReplayBuffer", "prior_rows"]
 
@@ -23,9 +24,8 @@ __all__ = ["FIELDS", "ReplayBuffer", "prior_rows"]
 class ReplayBuffer:
     """Uniform-sampling FIFO replay; capacity counted in transitions.
 
-    `add` takes the chunks env runners return (dicts of arrays with a leading transition dim);
-    `sample` returns stacks of batches shaped (num_batches, batch_size, ...) so a learner gets a
-    whole iteration's data in one message.
+    `add` takes the `Transitions` env runners return; `sample` returns stacks of batches shaped
+    (num_batches, batch_size, ...) so a learner gets a whole iteration's data in one message.
 
     RLPD: after `load_prior`, every sampled batch is `[prior rows | online rows]`: its first
     `prior_rows(batch_size, ratio)` rows are drawn uniformly from the prior dataset, the rest
@@ -43,15 +43,7 @@ class ReplayBuffer:
         self.capacity = capacity
         self.obs_dim, self.act_dim = obs_dim, act_dim
         self.obs_groups = tuple(obs_groups)
-        self.storage = {
-            "obs": np.zeros((capacity, obs_dim), np.float32),
-            "action": np.zeros((capacity, act_dim), np.float32),
-            "reward": np.zeros(capacity, np.float32),
-            "next_obs": np.zeros((capacity, obs_dim), np.float32),
-            "terminated": np.zeros(capacity, np.float32),
-            "truncated": np.zeros(capacity, np.float32),
-            "discount": np.zeros(capacity, np.float32),  # gamma^k of the stored k-step transition
-        }
+        self.storage = Transitions.empty(capacity, obs_dim, act_dim)
         self.cursor = 0  # next write position
         self.size = 0
         self.total_added = 0
@@ -64,18 +56,18 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return self.size
 
-    def add(self, *chunks: dict[str, np.ndarray]) -> int:
+    def add(self, *chunks: Transitions) -> int:
         """Append chunks in order; returns the new size."""
         for chunk in chunks:
-            n = len(chunk["reward"])
+            n = chunk.rows
             if n == 0:
                 continue
             if n > self.capacity:  # only the newest `capacity` transitions can survive anyway
-                chunk = {k: v[-self.capacity :] for k, v in chunk.items()}
+                chunk = chunk.take(slice(-self.capacity, None))
                 n = self.capacity
             index = (self.cursor + np.arange(n)) % self.capacity
-            for name in FIELDS:
-                self.storage[name][index] = chunk[name]
+            for stored, new in zip(self.storage, chunk, strict=True):
+                stored[index] = new
             self.cursor = (self.cursor + n) % self.capacity
             self.size = min(self.size + n, self.capacity)
             self.total_added += n
@@ -83,7 +75,7 @@ class ReplayBuffer:
             self.metrics.set("aa_ray_replay_size", self.size)
         return self.size
 
-    def sample(self, num_batches: int, batch_size: int) -> dict[str, np.ndarray]:
+    def sample(self, num_batches: int, batch_size: int) -> Transitions:
         if self.metrics is not None:
             self.metrics.inc("aa_ray_replay_sampled", num_batches * batch_size)
         if self.prior is None:
@@ -91,28 +83,30 @@ class ReplayBuffer:
         n_prior = prior_rows(batch_size, self.prior_ratio)
         prior = self.prior._draw(num_batches, n_prior, rng=self.rng)
         online = self._draw(num_batches, batch_size - n_prior)
-        return {name: np.concatenate([prior[name], online[name]], axis=1) for name in FIELDS}
+        return Transitions.concat([prior, online], axis=1)
 
-    def sample_shards(self, num_batches: int, batch_size: int, num_shards: int) -> tuple[dict[str, np.ndarray], ...]:
+    def sample_shards(self, num_batches: int, batch_size: int, num_shards: int) -> tuple[Transitions, ...]:
         """One global batch as `num_shards` equal shards, one per learner, each its own object so a
         learner fetches only its rows. Each shard keeps the `[prior | online]` layout at the ratio."""
         shard_size = batch_size // num_shards
         return tuple(self.sample(num_batches, shard_size) for _ in range(num_shards))
 
-    def sample_for_learners(self, num_batches: int, batch_size: int, num_shards: int) -> dict | tuple[dict, ...]:
-        """What the learners train on: `sample_shards` (one dict for one learner), each shard also
-        saying how long sampling took and when it was done, for the learners' time/* phases."""
+    def sample_for_learners(
+        self, num_batches: int, batch_size: int, num_shards: int
+    ) -> ReplaySample | tuple[ReplaySample, ...]:
+        """What the learners train on: `sample_shards` (one sample for one learner), each with how
+        long sampling took and when it was done beside it, for the learners' time/* phases."""
         start = time.perf_counter()
         shards = self.sample_shards(num_batches, batch_size, num_shards)
-        timing = {"sample_s": (time.perf_counter() - start) / num_shards, "sampled_at": time.time()}
-        shards = tuple({**shard, **timing} for shard in shards)
-        return shards[0] if num_shards == 1 else shards
+        timing = SampleTiming(sample_s=(time.perf_counter() - start) / num_shards, sampled_at=time.time())
+        samples = tuple(ReplaySample(shard, timing) for shard in shards)
+        return samples[0] if num_shards == 1 else samples
 
-    def _draw(self, num_batches: int, batch_size: int, rng: np.random.Generator | None = None) -> dict:
+    def _draw(self, num_batches: int, batch_size: int, rng: np.random.Generator | None = None) -> Transitions:
         if self.size == 0 and batch_size > 0:
             raise RuntimeError("cannot sample from an empty replay buffer")
         index = (rng or self.rng).integers(0, max(self.size, 1), size=(num_batches, batch_size))
-        return {name: self.storage[name][index] for name in FIELDS}
+        return self.storage.take(index)
 
     def load_prior(self, path: str | Path, ratio: float, gamma: float, env_id: str) -> dict[str, Any]:
         """Load a transition dataset (validated against env_id and this buffer's dims) into the prior
@@ -124,18 +118,9 @@ class ReplayBuffer:
         self.prior_ratio = ratio
         total, total_sq = np.zeros(self.obs_dim), np.zeros(self.obs_dim)
         for batch in dataset.iter_batches():
-            obs = batch[ds.OBS]
-            self.prior.add(
-                {
-                    "obs": obs,
-                    "action": batch[ds.ACTIONS],
-                    "reward": batch[ds.REWARDS],
-                    "next_obs": batch[ds.NEXT_OBS],
-                    "terminated": batch[ds.TERMINATEDS].astype(np.float32),
-                    "truncated": batch[ds.TRUNCATEDS].astype(np.float32),
-                    "discount": np.full(len(obs), gamma, np.float32),
-                }
-            )
+            transitions = ds.as_transitions(batch, gamma)
+            self.prior.add(transitions)
+            obs = transitions.obs
             total += obs.sum(0, dtype=np.float64)
             total_sq += np.square(obs, dtype=np.float64).sum(0)
         n = len(self.prior)
@@ -155,8 +140,8 @@ class ReplayBuffer:
         driver to write into a checkpoint, so that a reload (with `state()`) samples exactly the
         same batches. The driver writes it because this actor may live on another node."""
         columns = {}
-        for name in FIELDS:
-            data = self.storage[name][: self.size]
+        for name, stored in zip(FIELDS, self.storage, strict=True):
+            data = stored[: self.size]
             for column, part in self._stored_columns(name, data):
                 if part.ndim == 2:
                     columns[column] = pa.FixedSizeListArray.from_arrays(pa.array(part.reshape(-1)), part.shape[1])
@@ -190,15 +175,15 @@ class ReplayBuffer:
         n = table.num_rows
         if n > self.capacity:
             raise ValueError(f"replay file {source} holds {n} transitions, more than the capacity {self.capacity}")
-        for name in FIELDS:
+        for name, stored in zip(FIELDS, self.storage, strict=True):
             parts = []
-            for column_name, _ in self._stored_columns(name, self.storage[name][:0]):
+            for column_name, _ in self._stored_columns(name, stored[:0]):
                 column = table.column(column_name).combine_chunks()
                 if isinstance(column.type, pa.FixedSizeListType):
                     parts.append(column.flatten().to_numpy().reshape(n, column.type.list_size))
                 else:
                     parts.append(column.to_numpy())
-            self.storage[name][:n] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+            stored[:n] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
         self.size = self.total_added = n
         self.cursor = int(table.schema.metadata.get(b"aa_ray.cursor", str(n % self.capacity).encode()))
         if state is not None:

@@ -40,11 +40,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from aa_ray import metric_names as m
-from aa_ray.algos import build_algorithm
-from aa_ray.algos.common import ObsDims
 from aa_ray.data.dataset import checked_prior_data
 from aa_ray.envs import env_dims
 from aa_ray.envs.symmetry import sym_aug_mirror
+from aa_ray.nets.policy import ObsDims
+from aa_ray.records import NormMoments
 from aa_ray.runtime import cluster
 from aa_ray.runtime.cadence import BUDGET, STOPPED_BY_CALLBACK, Cadence, check_stop_metric
 from aa_ray.runtime.checkpoint import (
@@ -57,6 +57,7 @@ from aa_ray.runtime.checkpoint import (
 )
 from aa_ray.runtime.counters import RECENT_EPISODES, Counters, Window
 from aa_ray.runtime.env_state import pack, unpack
+from aa_ray.runtime.families import family_of
 from aa_ray.runtime.graph import ActorGraph
 from aa_ray.runtime.health import HealthChecks
 from aa_ray.runtime.learner import planned_fleet_steps
@@ -185,9 +186,9 @@ class Trainer:
         self._report_runner_restarts()
         self.counters.count(it)
         self.window.count(it)
-        self.phases.count(it.chunks, it.learner_metrics)
-        metrics = {**(it.learner_metrics or {}), **it.loop_metrics}
-        if it.learner_metrics is not None and (q_exploding := self.health.check(metrics, self._resume_hint())):
+        self.phases.count(it.chunks, it.learner)
+        metrics = {**(it.learner.metrics if it.learner else {}), **it.loop_metrics}
+        if it.learner is not None and (q_exploding := self.health.check(metrics, self._resume_hint())):
             self._event("q_exploding", **q_exploding)
         metrics |= self._run_metrics()
         env_steps = self.counters.env_steps
@@ -276,8 +277,8 @@ class Trainer:
     def _check_resume(self, obs: ObsDims, act_dim: int) -> Any:
         """Check the checkpoint's learner state and replay file against the spec before any actor
         starts (CheckpointError naming the file otherwise); returns the replay table, if it has one."""
-        algorithm = build_algorithm(self.spec.algo, obs, act_dim, torch.device("cpu"),
-                                    planned_fleet_steps(self.spec), sym_aug_mirror(self.spec, obs, act_dim))
+        algorithm = family_of(self.spec).build(self.spec.algo, obs, act_dim, torch.device("cpu"),
+                                               planned_fleet_steps(self.spec), sym_aug_mirror(self.spec, obs, act_dim))
         return verify_resume(self.resume, self.spec, algorithm, obs.full, act_dim)
 
     def _start_tracking(self) -> None:
@@ -326,8 +327,10 @@ class Trainer:
             "replay": actors["replay"],
             "runners": actors["runners"],
             # normalizer moments collected but not merged yet, and the episodes train/* averages over
-            "driver": pack({"pending_stats": self.graph.pending_stats, "returns": list(w.returns),
-                            "infos": {key: list(values) for key, values in w.infos.items()}}),
+            "driver": pack({
+                "pending_stats": [moments.to_dict() for moments in self.graph.pending_stats],
+                "returns": list(w.returns), "infos": {key: list(values) for key, values in w.infos.items()},
+            }),
             "mlflow_run_id": self.tracker.run_id if self.tracker else None,
         }
         folder = self.run_dir / "checkpoints" / name
@@ -345,7 +348,7 @@ class Trainer:
         self.graph.restore(payload, replay_table)
         if "driver" in payload:  # format 2
             driver = unpack(payload["driver"])
-            self.graph.pending_stats = driver["pending_stats"]
+            self.graph.pending_stats = [NormMoments.from_dict(saved) for saved in driver["pending_stats"]]
             self.window.returns.extend(driver["returns"])
             # (a checkpoint from before task metrics kept one of them under its own name: its train/* average
             # starts over)
@@ -381,7 +384,8 @@ class Trainer:
         if self.last_checkpoint is not None:
             payload = load_checkpoint(self.last_checkpoint)
             graph = self.graph
-            self._restore(payload, None if self.spec.on_policy else read_replay(payload, graph.obs.full, graph.act_dim))
+            table = read_replay(payload, graph.obs.full, graph.act_dim) if self.spec.algo.replay_actor else None
+            self._restore(payload, table)
         else:  # from the start
             self.counters, self.window = Counters(), Window()
             self.cadence = Cadence(self.spec, reports=self.reporter is not None)

@@ -18,7 +18,8 @@ from pydantic import (
     model_validator,
 )
 
-from aa_ray.algos import ALGORITHMS, is_on_policy
+from aa_ray.algos import ALGORITHMS
+from aa_ray.algos.contract import RunShape
 from aa_ray.metric_names import INFO_KEY, RESERVED_INFO_KEYS
 from aa_ray.spec.base import SpecModel
 
@@ -339,45 +340,10 @@ class ExperimentSpec(SpecModel):
                 f"{', '.join(MIRRORS)}); name yours by import path in env.mirror (or declare it in the env class's "
                 "metadata['mirror']), or set algo.sym_aug: false"
             )
-        if self.on_policy:
-            return self._consistent_on_policy()
-        if self.algo.warm_up_steps >= self.budget.env_steps:
-            raise ValueError(
-                f"algo.warm_up_steps ({self.algo.warm_up_steps}) must be below budget.env_steps "
-                f"({self.budget.env_steps}), or training never starts"
-            )
-        if self.algo.batch_size % self.learners.num_learners:
-            raise ValueError(
-                f"algo.batch_size ({self.algo.batch_size}) must be divisible by learners.num_learners "
-                f"({self.learners.num_learners}): each learner trains on an equal shard of the batch"
-            )
-        if self.algo.batch_size > self.algo.buffer_size:
-            raise ValueError(
-                f"algo.batch_size ({self.algo.batch_size}) exceeds algo.buffer_size "
-                f"({self.algo.buffer_size})"
-            )
+        self.algo.check_run(RunShape(
+            self.budget.env_steps, self.learners.num_learners, self.transitions_per_fleet_step, self.runtime.mode
+        ))
         return self
-
-    def _consistent_on_policy(self) -> ExperimentSpec:
-        envs, learners = self.transitions_per_fleet_step, self.learners.num_learners
-        if envs % learners:
-            raise ValueError(
-                f"runners.num_runners x runners.envs_per_runner ({envs}) must be divisible by "
-                f"learners.num_learners ({learners}): each learner trains on an equal share of the envs"
-            )
-        if self.runtime.mode == "async":
-            raise ValueError(f"runtime.mode async needs an off-policy algorithm; {self.algo.name} learns on-policy")
-        rows = self.algo.train_every * envs // learners
-        if rows < self.algo.num_minibatches:
-            raise ValueError(
-                f"algo.num_minibatches ({self.algo.num_minibatches}) exceeds the rollout rows per learner "
-                f"({rows} = algo.train_every x envs / learners)"
-            )
-        return self
-
-    @property
-    def on_policy(self) -> bool:
-        return is_on_policy(self.algo)
 
     @property
     def prior_data(self) -> str | None:
@@ -389,10 +355,11 @@ class ExperimentSpec(SpecModel):
         return self.runners.num_runners * self.runners.envs_per_runner
 
     def bundles(self) -> list[dict[str, float]]:
-        """Placement-group bundles: learners first, then runners, then the replay actor (off-policy)."""
+        """Placement-group bundles: learners first, then runners, then the replay actor (if the
+        algorithm's family has one)."""
         learner = {"CPU": self.learners.cpus_per_learner}
         if self.learners.gpus_per_learner > 0:
             learner["GPU"] = self.learners.gpus_per_learner
         runner = {"CPU": self.runners.cpus_per_runner}
         bundles = [learner] * self.learners.num_learners + [runner] * self.runners.num_runners
-        return bundles if self.on_policy else [*bundles, {"CPU": self.runtime.replay_cpus}]
+        return [*bundles, {"CPU": self.runtime.replay_cpus}] if self.algo.replay_actor else bundles

@@ -1,0 +1,210 @@
+"""The typed records on every hop of a run, with one name per field from the env runner to the
+replay buffer to the learner:
+
+    EnvRunner.sample        -> (Transitions, ChunkStats)       off-policy chunk, one row per stored transition
+    ReplayBuffer.sample     -> ReplaySample                    Transitions stacked (batches, batch_size, ...)
+                                                               and the SampleTiming beside them
+    Learner (on its device) -> Batch                           what an off-policy algorithm's update reads
+    EnvRunner.sample_rollout-> (RolloutChunk, ChunkStats)      on-policy chunk, (steps, envs, ...)
+    Learner (on its device) -> Rollout                         what an on-policy algorithm's update reads
+    Learner.update          -> LearnerReport                   diagnostics, update count, phases beside them
+
+`ChunkStats` carries a chunk's counts, finished episodes (`EpisodeStats`), the normalizer moments
+the learners merge (`NormMoments`) and the chunk's timings. A dataset's column names (RLlib's
+SingleAgentEpisode names) are mapped onto these fields in `aa_ray.data.dataset`, its one place.
+
+Every record here is plain data: numpy on the host, torch on the learner's device. Ray pickles
+them between actors; checkpoints keep them as plain dicts (`NormMoments.to_dict`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+# (count, mean, var) of raw observations, as the env runners measure them; (0, None, None) if none
+ObsMoments = tuple[int, Any, Any]
+# (count, mean, var, max |G|) of the raw discounted returns G the env runners track
+ReturnMoments = tuple[int, float, float, float]
+
+
+def return_moments(returns: Iterable[float]) -> ReturnMoments:
+    values = np.asarray(list(returns), np.float64)
+    if values.size == 0:
+        return 0, 0.0, 1.0, 0.0
+    return int(values.size), float(values.mean()), float(values.var()), float(np.abs(values).max())
+
+
+def obs_moments(obs: np.ndarray) -> ObsMoments:
+    """Moments of a (rows, features) block of raw observations."""
+    if not len(obs):
+        return 0, None, None
+    flat = obs.astype(np.float64)
+    return len(flat), flat.mean(0), flat.var(0)
+
+
+class NormMoments(NamedTuple):
+    """What one chunk (or a prior dataset) adds to the learners' observation and reward normalizers."""
+
+    obs: ObsMoments
+    returns: ReturnMoments
+
+    def to_dict(self) -> dict[str, Any]:
+        """The checkpoint form (the one written before these records had types)."""
+        return {"obs": self.obs, "return": self.returns}
+
+    @classmethod
+    def from_dict(cls, saved: Mapping[str, Any]) -> NormMoments:
+        return cls(tuple(saved["obs"]), tuple(saved["return"]))
+
+
+class EpisodeStats(NamedTuple):
+    """A finished episode: its return, length and the tracked info keys' values at its last step
+    (`aa_ray.envs.info_metrics`)."""
+
+    episode_return: float
+    length: float
+    info: dict[str, float]
+
+
+@dataclass
+class ChunkStats:
+    """What an env runner reports with each chunk it collected."""
+
+    env_steps: int
+    episodes: list[EpisodeStats]
+    policy_version: int  # the weights the chunk was collected with
+    moments: NormMoments
+    collect_s: float = 0.0  # stepping the envs and the policy
+    weights_s: float = 0.0  # loading published weights since the previous chunk (the publish phase)
+
+
+class Transitions(NamedTuple):
+    """Stored transitions as numpy arrays with a leading row dim (or (batches, batch_size) when
+    sampled). `discount` is gamma^k of a k-step transition."""
+
+    obs: np.ndarray
+    action: np.ndarray
+    reward: np.ndarray
+    next_obs: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    discount: np.ndarray
+
+    @property
+    def rows(self) -> int:
+        return len(self.reward)
+
+    @classmethod
+    def empty(cls, rows: int, obs_dim: int, act_dim: int) -> Transitions:
+        """Zeroed arrays for `rows` transitions (the replay buffer's storage)."""
+        return cls(
+            obs=np.zeros((rows, obs_dim), np.float32), action=np.zeros((rows, act_dim), np.float32),
+            reward=np.zeros(rows, np.float32), next_obs=np.zeros((rows, obs_dim), np.float32),
+            terminated=np.zeros(rows, np.float32), truncated=np.zeros(rows, np.float32),
+            discount=np.zeros(rows, np.float32),
+        )
+
+    def take(self, index: Any) -> Transitions:
+        return Transitions(*(column[index] for column in self))
+
+    @classmethod
+    def concat(cls, parts: Sequence[Transitions], axis: int = 0) -> Transitions:
+        return cls(*(np.concatenate(columns, axis=axis) for columns in zip(*parts, strict=True)))
+
+
+class SampleTiming(NamedTuple):
+    """How long the replay actor took to sample a shard, and when it was done (the learner's
+    time/replay_sample and time/transfer phases)."""
+
+    sample_s: float
+    sampled_at: float  # time.time() on the replay actor's node
+
+
+class ReplaySample(NamedTuple):
+    """One learner's shard of a learner iteration: (fleet_steps * utd_ratio, batch, ...) transitions."""
+
+    transitions: Transitions
+    timing: SampleTiming
+
+
+class Batch(NamedTuple):
+    """Replay transitions as tensors on the learner's device. Leading dims are (updates, batch) for a
+    stacked batch."""
+
+    obs: Tensor
+    action: Tensor
+    reward: Tensor
+    next_obs: Tensor
+    terminated: Tensor
+    discount: Tensor  # gamma^k for a k-step transition
+
+    @classmethod
+    def from_transitions(cls, transitions: Transitions, device: torch.device) -> Batch:
+        # copies: arrays from Ray's object store are read-only views
+        return cls(*(torch.tensor(getattr(transitions, f), device=device, dtype=torch.float32) for f in cls._fields))
+
+    @property
+    def num_batches(self) -> int:
+        """Stacked batches (the leading dim)."""
+        return self.obs.shape[0]
+
+    def at(self, index: int) -> Batch:
+        return Batch(*(t[index] for t in self))
+
+
+class RolloutChunk(NamedTuple):
+    """On-policy data of shape (steps, envs, ...) as an env runner measured it while acting."""
+
+    obs: np.ndarray
+    action: np.ndarray  # unclipped, as sampled
+    log_prob: np.ndarray  # log pi_old(action|obs)
+    value: np.ndarray  # V_old(obs)
+    reward: np.ndarray
+    next_value: np.ndarray  # V_old(true next obs): the final observation at a truncation
+    terminated: np.ndarray
+    truncated: np.ndarray
+
+    @property
+    def envs(self) -> int:
+        return self.reward.shape[1]
+
+    @classmethod
+    def side_by_side(cls, chunks: Sequence[RolloutChunk]) -> RolloutChunk:
+        """Several runners' chunks as one, their envs side by side."""
+        return cls(*(np.concatenate(columns, axis=1) for columns in zip(*chunks, strict=True)))
+
+    def envs_slice(self, start: int, stop: int) -> RolloutChunk:
+        return RolloutChunk(*(column[:, start:stop] for column in self))
+
+
+class Rollout(NamedTuple):
+    """A `RolloutChunk` as tensors on the learner's device."""
+
+    obs: Tensor
+    action: Tensor
+    log_prob: Tensor
+    value: Tensor
+    reward: Tensor
+    next_value: Tensor
+    terminated: Tensor
+    truncated: Tensor
+
+    @classmethod
+    def from_chunk(cls, chunk: RolloutChunk, device: torch.device) -> Rollout:
+        return cls(*(torch.tensor(column, device=device, dtype=torch.float32) for column in chunk))
+
+
+@dataclass
+class LearnerReport:
+    """What a learner iteration returns (rank 0's is the one read): its diagnostics and health as
+    floats, the gradient updates it made, and the seconds of the phases measured outside the
+    learner (the replay sample it trained on, its transfer), beside the metrics."""
+
+    metrics: dict[str, float]
+    updates: int
+    phases: dict[str, float] = field(default_factory=dict)
