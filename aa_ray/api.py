@@ -152,7 +152,7 @@ class Policy:
     def __init__(self, checkpoint: str | Path, env_creator: EnvCreator | None = None):
         import torch
 
-        from aa_ray.algos import build_policy
+        from aa_ray.algos.registry import build_policy
         from aa_ray.envs import env_dims, make_vector_env
         from aa_ray.nets.policy import BoundedPolicy
         from aa_ray.runtime.checkpoint import CheckpointError, checkpoint_policy, load_checkpoint

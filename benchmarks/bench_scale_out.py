@@ -34,7 +34,7 @@ from _common import (  # noqa: E402
     write_json,
 )
 
-from aa_ray.algos import build_policy  # noqa: E402
+from aa_ray.algos.registry import build_policy  # noqa: E402
 from aa_ray.runtime.learner import Learner  # noqa: E402
 from aa_ray.runtime.replay import ReplayBuffer  # noqa: E402
 from aa_ray.spec.loader import load_spec  # noqa: E402

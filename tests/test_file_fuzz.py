@@ -16,7 +16,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aa_ray.algos import build_algorithm
+from aa_ray.algos.registry import build_algorithm
 from aa_ray.data import dataset as ds
 from aa_ray.data.dataset import DatasetError, DatasetMeta, read_dataset, write_dataset
 from aa_ray.runtime.checkpoint import (

@@ -110,6 +110,94 @@ def test_ray_is_imported_only_where_actors_are_made_and_driven() -> None:
     assert not offences, "Ray imported outside RAY_ALLOWED:\n" + "\n".join(sorted(set(offences)))
 
 
+def variant_modules() -> set[str]:
+    """The modules that define a registered algorithm (sac.py, ppo.py, ... and any added later)."""
+    from aa_ray.algos.registry import ALGORITHMS
+
+    return {entry.algorithm.__module__ for entry in ALGORITHMS.values()}
+
+
+def test_the_runtime_knows_algorithm_families_not_algorithms() -> None:
+    """No runtime module imports an algorithm's own file or asks whether it learns on-policy: what
+    differs between algorithms reaches the runtime through their family (runtime/families.py)."""
+    variants = variant_modules()
+    assert {"aa_ray.algos.sac", "aa_ray.algos.ppo"} <= variants
+    runtime = [path for path in all_modules() if within(module_name(path), ("aa_ray.runtime",))]
+    offences = [
+        f"{path.relative_to(ROOT)}:{line} imports {imported}"
+        for path in runtime for line, imported in imports(path) if within(imported, tuple(variants))
+    ]
+    for path in runtime:
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+            if name in ("on_policy", "is_on_policy", "ppo_epochs", "num_minibatches"):
+                offences.append(f"{path.relative_to(ROOT)}:{node.lineno} reads {name}")
+    assert not offences, "the runtime knows an algorithm by name:\n" + "\n".join(offences)
+
+
+def executed_imports(path: Path) -> set[str]:
+    """The aa_ray modules `path` imports when it runs (inside functions too), not the ones named for
+    type checkers only (under `if TYPE_CHECKING:`), each resolved to the module that exists."""
+    tree = ast.parse(path.read_text())
+    type_only = {
+        id(child) for node in ast.walk(tree)
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+        for statement in node.body for child in ast.walk(statement)
+    }
+    known = {module_name(p) for p in all_modules()}
+    source = "\n".join(
+        ast.unparse(node) for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom) and id(node) not in type_only
+    )
+    found = set()
+    for _, imported in imports_in(source, module_name(path), is_package=path.name == "__init__.py"):
+        while imported and imported not in known:
+            imported = imported.rpartition(".")[0]
+        if imported.startswith("aa_ray") and imported != module_name(path):
+            found.add(imported)
+    return found
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(module: str) -> None:
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        for imported in graph.get(module, ()):
+            if imported not in order:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in stack:
+                low[module] = min(low[module], order[imported])
+        if low[module] == order[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in order:
+            visit(module)
+    return cycles
+
+
+def test_no_module_imports_itself_back() -> None:
+    """No import cycle inside aa_ray: every module can be read (and imported) after the ones it needs."""
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the finder finds
+    graph = {module_name(path): executed_imports(path) for path in all_modules()}
+    assert sum(len(deps) for deps in graph.values()) > 100
+    assert not import_cycles(graph), import_cycles(graph)
+
+
 def test_the_rule_reads_imports_inside_functions_and_relative_ones() -> None:
     """The reader itself: a module that tucks its imports away is still read."""
     source = "def f():\n    import ray.util\n    from ..runtime import trainer\n    from . import knobs\n"

@@ -23,7 +23,8 @@ from mlflow.tracking import MlflowClient
 
 from aa_ray import cli
 from aa_ray.spec.loader import SpecError
-from aa_ray.tracking.report import load_curve, make_report
+from aa_ray.tracking.curves import load_curve
+from aa_ray.tracking.report import make_report
 from aa_ray.tune.specs import load_suite
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -69,7 +69,8 @@ class SAC(Bookkeeping):
         )
 
     def update(self, batch: Batch) -> dict[str, Tensor]:
-        """One fleet step: `batch.num_batches` critic (and V) steps, then the actor and temperature on the last batch."""
+        """One fleet step: `batch.num_batches` critic (and V) steps, then the actor and temperature on the
+        last batch."""
         alpha = self.log_alpha.detach().exp()
         for i in range(batch.num_batches):
             x = soft_updates.prepare(batch.at(i), self.policy, self.reward_norm)

@@ -36,7 +36,7 @@ def policy_from_checkpoint(spec: ExperimentSpec, checkpoint: str | Path) -> tupl
     """The spec to roll out with (the checkpoint's algo, so runners build its policy network) and
     the policy weights. CheckpointError (a bad path or file), RolloutError (wrong env) or SpecError
     (the checkpoint's algo does not fit the rest of the spec)."""
-    from aa_ray.algos import build_policy
+    from aa_ray.algos.registry import build_policy
     from aa_ray.envs import env_dims
     from aa_ray.runtime.checkpoint import CheckpointError, checkpoint_policy, load_checkpoint
 

@@ -3,8 +3,6 @@ importing this package registers them with gymnasium."""
 
 from __future__ import annotations
 
-import gymnasium as gym
-
 from aa_ray.envs.make import (
     RENDER_BACKEND_ERRORS,
     EnvSetupError,
@@ -21,6 +19,7 @@ from aa_ray.envs.pusher_reach import (
     OBS_DIM,
     SUCCESS_DISTANCE,
     PusherReachEnv,
+    register_envs,
     scripted_action,
 )
 
@@ -43,18 +42,6 @@ __all__ = [
 ]
 
 PUSHER_REACH_ID = ENV_ID
-
-
-def register_envs() -> None:
-    """Register all envs of this package; safe to call any number of times."""
-    # gymnasium warns when an id is registered twice (e.g. after importlib.reload),
-    # so skip ids that are already known.
-    if PUSHER_REACH_ID not in gym.registry:
-        gym.register(
-            id=PUSHER_REACH_ID,
-            entry_point="aa_ray.envs.pusher_reach:PusherReachEnv",
-            max_episode_steps=MAX_EPISODE_STEPS,
-        )
 
 
 register_envs()

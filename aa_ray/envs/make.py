@@ -13,8 +13,8 @@ import numpy as np
 
 from aa_ray.envs.obs_groups import GroupedObservations, ObsLayoutError, obs_layout
 from aa_ray.envs.source import EnvSourceError, make_target, prepare
+from aa_ray.errors import SpecError
 from aa_ray.nets.policy import ObsDims
-from aa_ray.spec.loader import SpecError
 
 if TYPE_CHECKING:
     from aa_ray.spec.experiment import ExperimentSpec

@@ -291,3 +291,15 @@ def scripted_action(obs: np.ndarray) -> np.ndarray:
 
     action = np.clip(SCRIPTED_KP * best_err - SCRIPTED_KD * qvel, -1.0, 1.0).astype(np.float32)
     return action[0] if single else action
+
+
+def register_envs() -> None:
+    """Register all envs of this package; safe to call any number of times."""
+    # gymnasium warns when an id is registered twice (e.g. after importlib.reload),
+    # so skip ids that are already known.
+    if ENV_ID not in gym.registry:
+        gym.register(
+            id=ENV_ID,
+            entry_point="aa_ray.envs.pusher_reach:PusherReachEnv",
+            max_episode_steps=MAX_EPISODE_STEPS,
+        )

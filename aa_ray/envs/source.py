@@ -22,6 +22,8 @@ from typing import Any, Protocol
 import gymnasium as gym
 from gymnasium.envs.registration import EnvSpec as GymEnvSpec
 
+from aa_ray.envs.pusher_reach import register_envs
+
 
 class EnvSourceError(ValueError):
     """The spec's env cannot be found or imported; the message is for the user."""
@@ -123,7 +125,7 @@ def prepare(env: EnvSource) -> None:
     module = id_module(env.id)
     if module is not None:
         import_module(module, "env.id", env)
-    import aa_ray.envs  # noqa: F401  (registers aa_ray/PusherReach-v0)
+    register_envs()  # aa_ray/PusherReach-v0, for a process that made no other aa_ray.envs import
 
     env_id = registered_id(env.id)
     if env_id not in gym.registry:

@@ -34,9 +34,9 @@ import numpy as np
 from gymnasium.envs.registration import load_env_creator
 
 from aa_ray.envs.source import import_object, prepare, registered_id, resolve_entry_point
+from aa_ray.errors import SpecError
 from aa_ray.nets.policy import ObsDims
 from aa_ray.records import Transitions
-from aa_ray.spec.loader import SpecError
 
 Array = TypeVar("Array")  # numpy arrays or torch tensors: indexing and a multiply work on both
 

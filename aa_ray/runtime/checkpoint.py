@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from aa_ray.algos import ALGORITHMS, migrate_old_knobs
+from aa_ray.algos.registry import ALGORITHMS, migrate_old_knobs
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import SpecError, flatten, spec_to_dict, spec_yaml, validate_spec
 

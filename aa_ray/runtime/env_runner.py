@@ -14,8 +14,8 @@ import torch
 
 from aa_ray import metric_names as m
 from aa_ray import seeding
-from aa_ray.algos import build_policy
 from aa_ray.algos.contract import OnPolicyActor
+from aa_ray.algos.registry import build_policy
 from aa_ray.data import dataset as ds
 from aa_ray.data.scripted import scripted_controllers
 from aa_ray.envs import RENDER_BACKEND_ERRORS, make_env, make_vector_env, vector_obs_dims

@@ -21,8 +21,8 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from aa_ray.algos import build_algorithm
 from aa_ray.algos.contract import Algorithm
+from aa_ray.algos.registry import build_algorithm
 from aa_ray.envs.symmetry import Mirror, augment
 from aa_ray.nets.policy import ObsDims
 from aa_ray.records import Batch, ReplaySample, Rollout, RolloutChunk, Transitions

@@ -18,8 +18,8 @@ from pydantic import (
     model_validator,
 )
 
-from aa_ray.algos import ALGORITHMS
 from aa_ray.algos.contract import RunShape
+from aa_ray.algos.registry import ALGORITHMS
 from aa_ray.metric_names import INFO_KEY, RESERVED_INFO_KEYS
 from aa_ray.spec.base import SpecModel
 
@@ -329,7 +329,7 @@ class ExperimentSpec(SpecModel):
                 f"{self.learners.num_learners}: several learners train as separate processes in one torch process "
                 "group; set learners.num_learners: 1 to run inline, or runtime.backend: ray for several learners"
             )
-        from aa_ray.envs.symmetry import MIRRORS, find_mirror  # here: aa_ray.envs imports the spec loader
+        from aa_ray.envs.symmetry import MIRRORS, find_mirror  # after _importable: aa_ray.envs loads MuJoCo
 
         sym_aug = getattr(self.algo, "sym_aug", False)
         # a mirror the spec names is checked (an involution, ...) even while sym_aug is off

@@ -14,12 +14,11 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from aa_ray.algos import ALGORITHMS, RENAMED_KNOBS
+from aa_ray.algos.registry import ALGORITHMS, RENAMED_KNOBS
+from aa_ray.errors import SpecError
 from aa_ray.spec.experiment import ExperimentSpec
 
-
-class SpecError(ValueError):
-    """A spec (file, override or combination) that cannot run. The message is for the user."""
+__all__ = ["SpecError", "load_spec", "validate_spec"]
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

@@ -25,8 +25,8 @@ import yaml
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+from aa_ray.tracking.curves import Curve, ReportError, aggregate, load_curve, write_html
 from aa_ray.tracking.mlflow_tracker import PARENT_TAG, search_all_runs
-from aa_ray.tracking.report import Curve, ReportError, aggregate, load_curve, write_html
 
 # the tags a suite's child runs carry (`aa_ray.tune.suite` writes them; other contenders may too)
 LABEL_TAG, ENV_TAG = "aa_ray.suite_label", "aa_ray.suite_env"

@@ -1,0 +1,76 @@
+"""The algorithm registry. `ALGORITHMS` is the only list of the algorithms: the spec's `algo`
+union, the learner and the env runners all read it."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from aa_ray.algos import ppo, sac, sac_dist, sac_dist_simba, sac_simba, td3
+from aa_ray.nets.policy import ObsDims
+
+
+class Registered(NamedTuple):
+    config: type  # the pydantic config, discriminated by its `name` literal; its family mixin sets `family`
+    algorithm: type  # built as algorithm(config, obs, act_dim, device, planned_steps); obs: ObsDims
+    make_policy: Any  # (config, obs, act_dim) -> the acting module env runners load
+
+
+ALGORITHMS: dict[str, Registered] = {
+    "sac": Registered(sac.SACConfig, sac.SAC, sac.make_policy),
+    "sac_simba": Registered(sac_simba.SACSimbaConfig, sac_simba.SACSimba, sac_simba.make_policy),
+    "td3": Registered(td3.TD3Config, td3.TD3, td3.make_policy),
+    "sac_dist": Registered(sac_dist.SACDistConfig, sac_dist.SACDist, sac_dist.make_policy),
+    "sac_dist_simba": Registered(
+        sac_dist_simba.SACDistSimbaConfig, sac_dist_simba.SACDistSimba, sac_dist_simba.make_policy
+    ),
+    "ppo": Registered(ppo.PPOConfig, ppo.PPO, ppo.make_policy),
+}
+
+
+def build_algorithm(cfg: Any, obs: ObsDims | int, act_dim: int, device: torch.device, planned_steps: int,
+                    **family_args: Any) -> Any:
+    """`family_args`: what the algorithm's family adds (the on-policy family's `mirror`, with
+    `algo.sym_aug`: an on-policy algorithm mirrors its own minibatches)."""
+    return ALGORITHMS[cfg.name].algorithm(cfg, ObsDims.of(obs), act_dim, device, planned_steps, **family_args)
+
+
+def build_policy(cfg: Any, obs: ObsDims | int, act_dim: int) -> nn.Module:
+    return ALGORITHMS[cfg.name].make_policy(cfg, ObsDims.of(obs), act_dim)
+
+
+# knobs renamed by the redesign (one naming scheme across variants): algo -> old name -> what to write now
+_MLP_WIDTHS = {"hidden_dims": "actor_hidden_dims and critic_hidden_dims"}
+_SIMBA_RATES = {
+    "learning_rate": "actor_lr, critic_lr and alpha_lr",
+    "learning_rate_end": "lr_end_fraction (= learning_rate_end / learning_rate)",
+}
+RENAMED_KNOBS: dict[str, dict[str, str]] = {
+    "sac": _MLP_WIDTHS, "sac_dist": _MLP_WIDTHS, "td3": _MLP_WIDTHS,
+    "ppo": {**_MLP_WIDTHS, "lr": "actor_lr and critic_lr"},
+    "sac_simba": _SIMBA_RATES, "sac_dist_simba": _SIMBA_RATES,
+}
+_SIMBA_LEARNING_RATES = (1e-4, 5e-5)  # the old sac_simba / sac_dist_simba defaults (start, end)
+
+
+def migrate_old_knobs(algo: dict[str, Any]) -> dict[str, Any]:
+    """An algo section written before the knob redesign, with today's names (a copy; a section
+    already in today's names comes back unchanged). Old checkpoints' specs pass through here."""
+    new = dict(algo)
+    if "hidden_dims" in new:
+        dims = new.pop("hidden_dims")
+        new.setdefault("actor_hidden_dims", list(dims))
+        new.setdefault("critic_hidden_dims", list(dims))
+    if "learning_rate" in new or "learning_rate_end" in new:
+        start = new.pop("learning_rate", _SIMBA_LEARNING_RATES[0])
+        end = new.pop("learning_rate_end", _SIMBA_LEARNING_RATES[1])
+        for key in ("actor_lr", "critic_lr", "alpha_lr"):
+            new.setdefault(key, start)
+        new.setdefault("lr_end_fraction", round(end / start, 12))
+    if new.get("name") == "ppo" and "lr" in new:
+        lr = new.pop("lr")
+        new.setdefault("actor_lr", lr)
+        new.setdefault("critic_lr", lr)
+    return new
