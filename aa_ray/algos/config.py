@@ -34,7 +34,17 @@ class ObservationGroups(SpecModel):
     )
 
 
-class OffPolicyKnobs(ObservationGroups):
+class AlgorithmSource(SpecModel):
+    """Where a plugin algorithm comes from (aa_ray.algos.registry); empty for aa-ray's own."""
+
+    plugin: str | None = Field(
+        None,
+        description="your own algorithm: the module that defines ALGORITHM = aa_ray.algos.registry.Registered(...), "
+        "e.g. mypkg.my_algo (its folder in env.py_modules, or installed); null for aa-ray's own algorithms",
+    )
+
+
+class OffPolicyKnobs(ObservationGroups, AlgorithmSource):
     """Replay, the TD regression, and how a gradient step is taken: every off-policy variant. A config
     with these knobs belongs to the off-policy family (`aa_ray.runtime.families.OffPolicy`)."""
 
@@ -95,7 +105,7 @@ class OffPolicyKnobs(ObservationGroups):
             raise ValueError(f"algo.batch_size ({self.batch_size}) exceeds algo.buffer_size ({self.buffer_size})")
 
 
-class OnPolicyKnobs(ObservationGroups):
+class OnPolicyKnobs(ObservationGroups, AlgorithmSource):
     """Fresh rollouts, no replay: every on-policy variant. A config with these knobs belongs to the
     on-policy family (`aa_ray.runtime.families.OnPolicy`); the variant adds `updates_per_iteration`
     (gradient steps on one rollout) and may add checks to `check_run`."""

@@ -1,8 +1,18 @@
-"""The algorithm registry. `ALGORITHMS` is the only list of the algorithms: the spec's `algo`
-union, the learner and the env runners all read it."""
+"""The algorithm registry. `ALGORITHMS` lists aa-ray's own algorithms: the spec's `algo` union,
+the learner and the env runners all look an algorithm up here (`registered`).
+
+A user's own algorithm is a plugin: a module of theirs that defines
+`ALGORITHM = Registered(config, algorithm, make_policy)`, named in the spec (`algo.plugin:
+mypkg.my_algo`) or by an installed package's entry point in the group `aa_ray.algorithms`
+(`my_algo = "mypkg.my_algo"`), whose name is then enough (`algo.name: my_algo`). Its config builds
+on `OffPolicyKnobs` or `OnPolicyKnobs`, which choose its family and so how the runtime feeds it.
+Every process that builds it (learners, env runners) imports the module from `algo.plugin`.
+"""
 
 from __future__ import annotations
 
+import importlib
+from importlib.metadata import entry_points
 from typing import Any, NamedTuple
 
 import torch
@@ -30,15 +40,69 @@ ALGORITHMS: dict[str, Registered] = {
 }
 
 
+PLUGIN_GROUP = "aa_ray.algorithms"
+FAMILIES = ("off_policy", "on_policy")
+_plugins: dict[str, Registered] = {}  # name -> a plugin imported in this process (as sys.modules caches it)
+
+
+def load_plugin(module: str) -> Registered:
+    """The `ALGORITHM` a plugin module defines, checked. ValueError naming what to fix."""
+    try:
+        imported = importlib.import_module(module)
+    except ImportError as err:
+        raise ValueError(
+            f"algo.plugin: cannot import {module!r} ({err}); install the package that holds it, or list its "
+            "folder in env.py_modules so that every process of the run can import it"
+        ) from None
+    entry = getattr(imported, "ALGORITHM", None)
+    if not isinstance(entry, Registered):
+        raise ValueError(
+            f"algo.plugin: module {module} defines no ALGORITHM = aa_ray.algos.registry.Registered(config, "
+            "algorithm, make_policy)"
+        )
+    name = entry.config.model_fields["name"].default if "name" in entry.config.model_fields else None
+    if not isinstance(name, str) or getattr(entry.config, "family", None) not in FAMILIES:
+        raise ValueError(
+            f"algo.plugin: the config of {module}.ALGORITHM needs a `name` literal with a default and a family: "
+            "build it on aa_ray.algos.config.OffPolicyKnobs or OnPolicyKnobs"
+        )
+    if name in ALGORITHMS:
+        raise ValueError(f"algo.plugin: {module} names its algorithm {name!r}, which is aa-ray's own; rename it")
+    _plugins[name] = entry
+    return entry
+
+
+def find_plugin(name: str, plugin: str | None) -> tuple[Registered, str]:
+    """(the registration, its module) of a plugin algorithm `name`: from `algo.plugin`, or from an
+    installed package's entry point. ValueError naming what to fix."""
+    module = plugin or next((point.module for point in entry_points(group=PLUGIN_GROUP) if point.name == name), None)
+    if module is None:
+        raise ValueError(
+            f"algo.name: unknown algorithm {name!r} (aa-ray's own: {', '.join(ALGORITHMS)}); for an algorithm "
+            f"of your own, name the module that defines it in algo.plugin (or install a package that registers "
+            f"{name!r} in the entry point group {PLUGIN_GROUP})"
+        )
+    entry = load_plugin(module)
+    found = entry.config.model_fields["name"].default
+    if found != name:
+        raise ValueError(f"algo.plugin: {module} defines the algorithm {found!r}; set algo.name: {found}")
+    return entry, module
+
+
+def registered(cfg: Any) -> Registered:
+    """The registration of a validated algo config, aa-ray's own or a plugin's."""
+    return ALGORITHMS.get(cfg.name) or _plugins.get(cfg.name) or load_plugin(cfg.plugin)
+
+
 def build_algorithm(cfg: Any, obs: ObsDims | int, act_dim: int, device: torch.device, planned_steps: int,
                     **family_args: Any) -> Any:
     """`family_args`: what the algorithm's family adds (the on-policy family's `mirror`, with
     `algo.sym_aug`: an on-policy algorithm mirrors its own minibatches)."""
-    return ALGORITHMS[cfg.name].algorithm(cfg, ObsDims.of(obs), act_dim, device, planned_steps, **family_args)
+    return registered(cfg).algorithm(cfg, ObsDims.of(obs), act_dim, device, planned_steps, **family_args)
 
 
 def build_policy(cfg: Any, obs: ObsDims | int, act_dim: int) -> nn.Module:
-    return ALGORITHMS[cfg.name].make_policy(cfg, ObsDims.of(obs), act_dim)
+    return registered(cfg).make_policy(cfg, ObsDims.of(obs), act_dim)
 
 
 # knobs renamed by the redesign (one naming scheme across variants): algo -> old name -> what to write now

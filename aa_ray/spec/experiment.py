@@ -13,17 +13,32 @@ from pydantic import (
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
+    SerializeAsAny,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
     field_serializer,
     field_validator,
     model_validator,
 )
 
 from aa_ray.algos.contract import RunShape
-from aa_ray.algos.registry import ALGORITHMS
+from aa_ray.algos.registry import ALGORITHMS, find_plugin
 from aa_ray.metric_names import INFO_KEY, RESERVED_INFO_KEYS
 from aa_ray.spec.base import SpecModel
 
-AlgoConfig = Annotated[Union[tuple(entry.config for entry in ALGORITHMS.values())], Field(discriminator="name")]  # noqa: UP007
+
+def _own_or_plugin_algo(value: Any, validate_own: ValidatorFunctionWrapHandler) -> Any:
+    """aa-ray's own algorithms are the discriminated union; any other name is a plugin's (its module
+    imported here, after env.py_modules went on the import path), validated by its own config."""
+    if isinstance(value, dict) and isinstance(value.get("name"), str) and value["name"] not in ALGORITHMS:
+        entry, module = find_plugin(value["name"], value.get("plugin"))
+        return entry.config.model_validate({**value, "plugin": module})
+    return validate_own(value)
+
+
+OwnAlgoConfig = Union[tuple(entry.config for entry in ALGORITHMS.values())]  # noqa: UP007
+# SerializeAsAny: a plugin's config dumps its own fields, not those of the union's members
+AlgoConfig = Annotated[SerializeAsAny[OwnAlgoConfig], Field(discriminator="name"), WrapValidator(_own_or_plugin_algo)]
 
 
 class EnvSpec(SpecModel):

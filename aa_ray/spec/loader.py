@@ -119,7 +119,7 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], Any] = {
     ("runtime", "trace"): False, ("algo", "sym_aug"): False, ("algo", "symmetry_coef"): 1.0,
     ("env", "entry_point"): None, ("env", "imports"): [], ("env", "py_modules"): [], ("env", "mirror"): None,
     ("algo", "actor_obs"): None, ("algo", "critic_obs"): None,
-    ("budget", "stop_at"): None, ("eval", "info_metrics"): [],
+    ("budget", "stop_at"): None, ("eval", "info_metrics"): [], ("algo", "plugin"): None,
 }
 
 
