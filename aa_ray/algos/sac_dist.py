@@ -16,18 +16,15 @@ Deliberate choices:
 
 from __future__ import annotations
 
-import copy
 from functools import partial
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-from aa_ray import ddp
 from aa_ray import metric_names as m
 from aa_ray.algos import config, soft_updates
 from aa_ray.algos.bookkeeping import Bookkeeping
-from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, every_group, fused_adam, make_optimizer
 from aa_ray.nets.distributional import EnsembleCategoricalQ, expected_value, make_support
 from aa_ray.nets.mlp import MLPActor
 from aa_ray.nets.policy import ObsDims, SquashedGaussianPolicy
@@ -47,27 +44,14 @@ def make_policy(cfg: SACDistConfig, obs: ObsDims, act_dim: int) -> SquashedGauss
 
 class SACDist(Bookkeeping):
     def __init__(self, cfg: SACDistConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int = 0):
-        self.cfg = cfg
-        self.policy = make_policy(cfg, obs, act_dim).to(device)
-        self.critic = EnsembleCategoricalQ(
-            obs.full, act_dim, cfg.critic_hidden_dims, cfg.num_atoms, num_critics=2, layer_norm=cfg.layer_norm
-        ).to(device)
-        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        soft_updates.assemble_(
+            self, cfg, act_dim, device, planned_steps, policy=make_policy(cfg, obs, act_dim),
+            critic=EnsembleCategoricalQ(
+                obs.full, act_dim, cfg.critic_hidden_dims, cfg.num_atoms, num_critics=2, layer_norm=cfg.layer_norm
+            ),
+            reward_norm=soft_updates.support_reward_normalizer(cfg, cfg.normalize_reward),
+        )
         self.support = make_support(cfg.num_atoms, cfg.v_min, cfg.v_max, device)
-        self.log_alpha, self.target_entropy = soft_updates.temperature(cfg, act_dim, device)
-        self.reward_norm = soft_updates.support_reward_normalizer(cfg, cfg.normalize_reward).to(device)
-
-        step = partial(GradientStep, max_grad_norm=cfg.max_grad_norm, precision=cfg.precision, device=device)
-        self.actor_step = step(make_optimizer(self.policy.actor, cfg.optimizer, cfg.actor_lr))
-        self.critic_step = step(make_optimizer(self.critic, cfg.optimizer, cfg.critic_lr))
-        self.alpha_step = step(fused_adam([self.log_alpha], cfg.alpha_lr), average_grads=True)
-        groups = every_group(self.actor_step, self.critic_step, self.alpha_step)
-        self.schedule = LinearLRSchedule(groups, cfg.lr_end_fraction, planned_steps)
-        self.largest_value = torch.zeros(())
-
-        # several learners: DDP averages the online modules' gradients; targets and normalizers stay plain
-        self.policy_ddp = ddp.wrap(self.policy)
-        self.critics = soft_updates.Critics(self.critic, ddp.wrap(self.critic), self.critic_target, self.critic_step)
 
     def update(self, batch: Batch) -> dict[str, Tensor]:
         """One fleet step: `batch.num_batches` critic steps, then the actor (on the critics' expected Q) and
@@ -88,8 +72,4 @@ class SACDist(Bookkeeping):
         return info
 
     def parts(self) -> dict[str, Any]:
-        return {
-            "policy": self.policy, "critic": self.critic, "critic_target": self.critic_target,
-            "reward_norm": self.reward_norm, "actor_step": self.actor_step, "critic_step": self.critic_step,
-            "alpha_step": self.alpha_step, "log_alpha": self.log_alpha, "steps_done": self.schedule,
-        }
+        return soft_updates.checkpoint_parts(self)

@@ -13,7 +13,6 @@ learning rate decayed linearly from 1e-4 to 5e-5, initial temperature 0.01, targ
 
 from __future__ import annotations
 
-import copy
 from functools import partial
 from typing import Any, Literal
 
@@ -21,11 +20,9 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from aa_ray import ddp
 from aa_ray import metric_names as m
 from aa_ray.algos import config, soft_updates
 from aa_ray.algos.bookkeeping import Bookkeeping
-from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, every_group, fused_adam, make_optimizer
 from aa_ray.nets.distributional import SimbaV2CategoricalCritic, expected_value, make_support
 from aa_ray.nets.policy import ObsDims, SquashedGaussianPolicy
 from aa_ray.nets.simba import SimbaV2Actor, normalize_weights_
@@ -51,34 +48,15 @@ class SACDistSimba(Bookkeeping):
     def __init__(
         self, cfg: SACDistSimbaConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int = 0
     ):
-        self.cfg = cfg
-        self.policy = make_policy(cfg, obs, act_dim).to(device)
-        self.support = make_support(cfg.num_atoms, cfg.v_min, cfg.v_max, device)
-        self.critic = SimbaV2CategoricalCritic(
-            obs.full, act_dim, cfg.critic_hidden_dim, cfg.critic_num_blocks, cfg.num_atoms
-        ).to(device)
-        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        self.log_alpha, self.target_entropy = soft_updates.temperature(cfg, act_dim, device)
-        self.reward_norm = soft_updates.support_reward_normalizer(cfg, cfg.normalize_reward).to(device)
-
         # every step of a hyperspherical network ends with its weights projected back onto the sphere
-        step = partial(GradientStep, max_grad_norm=cfg.max_grad_norm, precision=cfg.precision, device=device)
-        actor, critic = self.policy.actor, self.critic
-        self.actor_step = step(
-            make_optimizer(actor, cfg.optimizer, cfg.actor_lr), project=partial(normalize_weights_, actor)
+        soft_updates.assemble_(
+            self, cfg, act_dim, device, planned_steps, policy=make_policy(cfg, obs, act_dim),
+            critic=SimbaV2CategoricalCritic(
+                obs.full, act_dim, cfg.critic_hidden_dim, cfg.critic_num_blocks, cfg.num_atoms
+            ),
+            reward_norm=soft_updates.support_reward_normalizer(cfg, cfg.normalize_reward), project=normalize_weights_,
         )
-        self.critic_step = step(
-            make_optimizer(critic, cfg.optimizer, cfg.critic_lr), project=partial(normalize_weights_, critic)
-        )
-        self.alpha_step = step(fused_adam([self.log_alpha], cfg.alpha_lr), average_grads=True)
-        self.schedule = LinearLRSchedule(
-            every_group(self.actor_step, self.critic_step, self.alpha_step), cfg.lr_end_fraction, planned_steps
-        )
-        self.largest_value = torch.zeros(())
-
-        # several learners: DDP averages the online modules' gradients; targets and normalizers stay plain
-        self.policy_ddp = ddp.wrap(self.policy)
-        self.critics = soft_updates.Critics(critic, ddp.wrap(critic), self.critic_target, self.critic_step)
+        self.support = make_support(cfg.num_atoms, cfg.v_min, cfg.v_max, device)
 
     def update(self, batch: Batch) -> dict[str, Tensor]:
         """SimbaV2's order: actor (on the critics' expected Q) and temperature on the first batch, then
@@ -98,8 +76,4 @@ class SACDistSimba(Bookkeeping):
         return info | critic_info
 
     def parts(self) -> dict[str, Any]:
-        return {
-            "policy": self.policy, "critic": self.critic, "critic_target": self.critic_target,
-            "reward_norm": self.reward_norm, "log_alpha": self.log_alpha, "actor_step": self.actor_step,
-            "critic_step": self.critic_step, "alpha_step": self.alpha_step, "steps_done": self.schedule,
-        }
+        return soft_updates.checkpoint_parts(self)

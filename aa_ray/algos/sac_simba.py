@@ -11,18 +11,15 @@ this variant keeps a scalar critic (the distributional one is `sac_dist_simba`).
 
 from __future__ import annotations
 
-import copy
-from functools import partial
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-from aa_ray import ddp
 from aa_ray import metric_names as m
 from aa_ray.algos import config, soft_updates
 from aa_ray.algos.bookkeeping import Bookkeeping
-from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, RewardNormalizer, every_group, fused_adam, make_optimizer
+from aa_ray.algos.knobs import RewardNormalizer
 from aa_ray.nets.policy import ObsDims, SquashedGaussianPolicy
 from aa_ray.nets.simba import SimbaV2Actor, SimbaV2Critic, SimbaV2Value, normalize_weights_
 from aa_ray.records import Batch
@@ -42,42 +39,12 @@ def make_policy(cfg: SACSimbaConfig, obs: ObsDims, act_dim: int) -> SquashedGaus
 
 class SACSimba(Bookkeeping):
     def __init__(self, cfg: SACSimbaConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int = 0):
-        self.cfg = cfg
-        self.policy = make_policy(cfg, obs, act_dim).to(device)
-        self.critic = SimbaV2Critic(obs.full, act_dim, cfg.critic_hidden_dim, cfg.critic_num_blocks).to(device)
-        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        self.value = (
-            SimbaV2Value(obs.full, cfg.critic_hidden_dim, cfg.critic_num_blocks).to(device) if cfg.learn_v else None
-        )
-        self.log_alpha, self.target_entropy = soft_updates.temperature(cfg, act_dim, device)
-        self.reward_norm = RewardNormalizer(cfg.normalize_reward).to(device)
-
         # every step of a hyperspherical network ends with its weights projected back onto the sphere
-        step = partial(GradientStep, max_grad_norm=cfg.max_grad_norm, precision=cfg.precision, device=device)
-        optimizer = partial(make_optimizer, kind=cfg.optimizer)
-        self.actor_step = step(
-            optimizer(self.policy.actor, lr=cfg.actor_lr), project=partial(normalize_weights_, self.policy.actor)
-        )
-        self.critic_step = step(
-            optimizer(self.critic, lr=cfg.critic_lr), project=partial(normalize_weights_, self.critic)
-        )
-        self.alpha_step = step(fused_adam([self.log_alpha], cfg.alpha_lr), average_grads=True)
-        self.value_step = (
-            step(optimizer(self.value, lr=cfg.critic_lr), project=partial(normalize_weights_, self.value))
-            if self.value else None
-        )
-        self.schedule = LinearLRSchedule(
-            every_group(self.actor_step, self.critic_step, self.alpha_step, self.value_step),
-            cfg.lr_end_fraction, planned_steps,
-        )
-        self.largest_value = torch.zeros(())
-
-        # several learners: DDP averages the online modules' gradients; targets and normalizers stay plain
-        self.policy_ddp = ddp.wrap(self.policy)
-        value_ddp = ddp.wrap(self.value) if self.value else None
-        self.critics = soft_updates.Critics(
-            self.critic, ddp.wrap(self.critic), self.critic_target, self.critic_step,
-            self.value, value_ddp, self.value_step,
+        soft_updates.assemble_(
+            self, cfg, act_dim, device, planned_steps, policy=make_policy(cfg, obs, act_dim),
+            critic=SimbaV2Critic(obs.full, act_dim, cfg.critic_hidden_dim, cfg.critic_num_blocks),
+            value=SimbaV2Value(obs.full, cfg.critic_hidden_dim, cfg.critic_num_blocks) if cfg.learn_v else None,
+            reward_norm=RewardNormalizer(cfg.normalize_reward), project=normalize_weights_,
         )
 
     def update(self, batch: Batch) -> dict[str, Tensor]:
@@ -98,11 +65,4 @@ class SACSimba(Bookkeeping):
         return info | critic_info
 
     def parts(self) -> dict[str, Any]:
-        parts = {
-            "policy": self.policy, "critic": self.critic, "critic_target": self.critic_target,
-            "reward_norm": self.reward_norm, "log_alpha": self.log_alpha, "actor_step": self.actor_step,
-            "critic_step": self.critic_step, "alpha_step": self.alpha_step,
-        }
-        if self.value is not None:
-            parts |= {"value": self.value, "value_step": self.value_step}
-        return parts | {"steps_done": self.schedule}
+        return soft_updates.checkpoint_parts(self)

@@ -1,21 +1,40 @@
-"""The SAC family's update steps (sac, sac_simba, sac_dist, sac_dist_simba), in SimbaV2's style:
-each step is a function of the networks it touches, their gradient step and a batch; it takes the
-step and returns its diagnostics as tensors. The variant files build the networks and list these
-calls in their paper's order; the math inside each is the pure functions of `aa_ray.algos.losses`.
-A SimbaV2 variant passes GradientSteps that re-project its weights after every step.
+"""The SAC family (sac, sac_simba, sac_dist, sac_dist_simba, droq; crossq takes its steps): what
+every variant is made of and its update steps, in SimbaV2's style.
+
+`assemble_` builds a variant's shared parts from the networks its file makes (its policy, its
+critic, BAC's V): the slow target, the temperature, the gradient steps, the lr schedule and the
+DDP wrappers; `checkpoint_parts` lists them for checkpoints. Each step is a function of the
+networks it touches, their gradient step and a batch; it takes the step and returns its
+diagnostics as tensors. The variant files list these calls in their paper's order; the math inside
+each is the pure functions of `aa_ray.algos.losses`. A SimbaV2 variant passes a projection that
+puts its weights back on the sphere after every step.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
-from typing import NamedTuple
+from functools import partial
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
+from aa_ray import ddp
+from aa_ray import metric_names as m
 from aa_ray.algos.config import C51Support, TemperatureKnobs
-from aa_ray.algos.knobs import GradientStep, RewardNormalizer, autocast, frozen, polyak_update_
+from aa_ray.algos.knobs import (
+    GradientStep,
+    LinearLRSchedule,
+    RewardNormalizer,
+    autocast,
+    every_group,
+    frozen,
+    fused_adam,
+    make_optimizer,
+    polyak_update_,
+)
 from aa_ray.algos.losses import (
     bee_target,
     bootstrap_factor,
@@ -35,6 +54,75 @@ from aa_ray.algos.losses import (
 from aa_ray.nets.distributional import expected_value
 from aa_ray.nets.policy import SquashedGaussianPolicy
 from aa_ray.records import Batch
+
+
+def assemble_(
+    algo: Any, cfg: Any, act_dim: int, device: torch.device, planned_steps: int, *, policy: SquashedGaussianPolicy,
+    critic: nn.Module, reward_norm: RewardNormalizer, value: nn.Module | None = None,
+    project: Callable[[nn.Module, Tensor], None] | None = None,
+) -> None:
+    """Give `algo` what every SAC-family variant holds, built around the networks it made (in the
+    order given, which is the order their weights were drawn in): `policy`, `critic` and its slow
+    `critic_target`, BAC's `value` (or None), `log_alpha` and `target_entropy`, `reward_norm`, a
+    gradient step for each (`project(module, taken)` after every step of a network, for SimbaV2's
+    hyperspherical weights), one lr `schedule` over them all, and `policy_ddp` and `critics` (with
+    several learners DDP averages the online modules' gradients; targets and normalizers stay plain)."""
+    algo.cfg = cfg
+    algo.policy, algo.critic = policy.to(device), critic.to(device)
+    algo.critic_target = copy.deepcopy(algo.critic).requires_grad_(False)
+    algo.value = value.to(device) if value is not None else None
+    algo.log_alpha, algo.target_entropy = temperature(cfg, act_dim, device)
+    algo.reward_norm = reward_norm.to(device)
+
+    def step(module: nn.Module, lr: float) -> GradientStep:
+        return GradientStep(
+            make_optimizer(module, cfg.optimizer, lr), cfg.max_grad_norm, cfg.precision, device,
+            project=partial(project, module) if project is not None else None,
+        )
+
+    algo.actor_step, algo.critic_step = step(algo.policy.actor, cfg.actor_lr), step(algo.critic, cfg.critic_lr)
+    algo.alpha_step = GradientStep(fused_adam([algo.log_alpha], cfg.alpha_lr), cfg.max_grad_norm, cfg.precision, device,
+                                   average_grads=True)
+    algo.value_step = step(algo.value, cfg.critic_lr) if algo.value is not None else None
+    steps = every_group(algo.actor_step, algo.critic_step, algo.alpha_step, algo.value_step)
+    algo.schedule = LinearLRSchedule(steps, cfg.lr_end_fraction, planned_steps)
+    algo.largest_value = torch.zeros(())
+    algo.policy_ddp = ddp.wrap(algo.policy)
+    algo.critics = Critics(
+        algo.critic, ddp.wrap(algo.critic), algo.critic_target, algo.critic_step,
+        algo.value, ddp.wrap(algo.value) if algo.value is not None else None, algo.value_step,
+    )
+
+
+def checkpoint_parts(algo: Any) -> dict[str, Any]:
+    """What `assemble_` gave `algo`, under the checkpoint keys every SAC-family variant uses."""
+    parts = {
+        "policy": algo.policy, "critic": algo.critic, "critic_target": algo.critic_target,
+        "reward_norm": algo.reward_norm, "actor_step": algo.actor_step, "critic_step": algo.critic_step,
+        "alpha_step": algo.alpha_step, "log_alpha": algo.log_alpha,
+    }
+    if algo.value is not None:
+        parts |= {"value": algo.value, "value_step": algo.value_step}
+    return parts | {"steps_done": algo.schedule}
+
+
+def critics_then_actor(algo: Any, batch: Batch) -> dict[str, Tensor]:
+    """SAC's fleet step (sac, droq): `batch.num_batches` critic (and V) steps, then the actor and
+    temperature on the last batch."""
+    alpha = algo.log_alpha.detach().exp()
+    for i in range(batch.num_batches):
+        info, q = update_scalar_critics(
+            prepare(batch.at(i), algo.policy, algo.reward_norm), alpha, algo.policy, algo.critics,
+            algo.reward_norm.scale(), algo.cfg,
+        )
+    info |= update_actor_and_temperature(
+        batch.at(-1).obs, algo.policy, algo.policy_ddp, algo.critic, lambda q: q, algo.actor_step,
+        algo.log_alpha, algo.alpha_step, algo.target_entropy, algo.cfg,
+    )
+    algo.largest_value = q.abs().max()
+    info[m.ACTOR_LR] = algo.schedule.current_lr()
+    algo.schedule.advance()
+    return info
 
 
 def temperature(cfg: TemperatureKnobs, act_dim: int, device: torch.device) -> tuple[Tensor, float]:
