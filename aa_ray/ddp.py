@@ -10,6 +10,8 @@ it computed before DDP existed):
   from L=2 loads under L=1 and the reverse.
 - `average_grads_(params)`: the same for a bare tensor such as SAC's log-temperature.
 - `global_mean`, `global_mean_std`: statistics over every learner's rows (PPO).
+- `batch_moments(x)`: a batch's mean and variance over every learner's rows, differentiable
+  (batch normalization: L learners normalize by the global batch's statistics, as one would).
 - `randn_shard(shape)`: training noise. Every learner draws the *global* batch's noise from the
   same seeded generator and keeps its rows, so L learners see the noise one learner would see and
   their random streams stay in lockstep.
@@ -23,6 +25,7 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed.nn.functional import all_reduce as differentiable_all_reduce
 from torch.nn.parallel import DistributedDataParallel
 
 # torch >= 2.13 calls the switch forward_sync_buffers. Either way buffers are not re-broadcast on
@@ -82,6 +85,18 @@ def global_mean(value: Tensor) -> Tensor:
     total = value.detach().clone()
     dist.all_reduce(total, op=dist.ReduceOp.SUM)
     return total / size
+
+
+def batch_moments(x: Tensor, dim: int = -2) -> tuple[Tensor, Tensor]:
+    """Mean and (biased) variance of `x` over its batch dim `dim` (kept, size 1), taken over every
+    learner's rows; gradients flow through the all-reduce to every learner's rows."""
+    _, size = rank_and_size()
+    sums = torch.stack([x.sum(dim, keepdim=True), x.square().sum(dim, keepdim=True)])
+    if size > 1:
+        sums = differentiable_all_reduce(sums, op=dist.ReduceOp.SUM)
+    count = x.shape[dim] * size
+    mean = sums[0] / count
+    return mean, (sums[1] / count - mean.square()).clamp_min(0.0)
 
 
 def global_mean_std(values: Tensor) -> tuple[Tensor, Tensor]:

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ray
+import torch
 from mlflow.tracking import MlflowClient
 
 from aa_ray.records import NormMoments, Transitions
@@ -56,6 +57,7 @@ SIMBA = ["algo.critic_hidden_dim=32", "algo.actor_hidden_dim=16"]
 SMALL_NETS = {  # spec file -> smaller networks, same algorithm (BEE's V, C51, SimbaV2's projections)
     "sac.yaml": MLP, "sac_bee.yaml": MLP, "sac_dist.yaml": [*MLP, "algo.num_atoms=21"], "td3.yaml": MLP,
     "sac_simba.yaml": SIMBA, "sac_dist_simba.yaml": [*SIMBA, "algo.num_atoms=21"],
+    "crossq.yaml": [*MLP, "algo.renorm_warmup_steps=3"],  # batch renormalization's statistics, past warm-up
 }
 
 
@@ -85,6 +87,15 @@ def test_two_gloo_learners_stay_identical_and_match_one_learner(local_ray: None,
 
     rank0, rank1 = ray.get([learner.parameters_vector.remote() for learner in ranks])
     reference = single.parameters_vector()
+    if algo_file == "crossq.yaml":  # every batch-renormalization layer's running statistics, by name
+        states = [ray.get(learner.state_dict.remote())["algo"] for learner in ranks] + [single.state_dict()["algo"]]
+        stats = [{f"{net}.{key}": value for net in ("policy", "critic") for key, value in state[net].items()
+                  if "running_" in key} for state in states]
+        first = stats[0]["critic.net.0.running_mean"]
+        assert len(stats[0]) == 2 * (3 + 3) and first.abs().max() > 0  # (mean, var) of 3 layers each; they moved
+        assert all(torch.equal(stats[0][key], stats[1][key]) for key in stats[0]), "the ranks' statistics differ"
+        for key in stats[0]:
+            np.testing.assert_allclose(stats[0][key].numpy(), stats[2][key].numpy(), rtol=1e-4, atol=1e-5)
     assert rank0.shape == rank1.shape == reference.shape
     assert (rank0 == rank1).all(), "the two ranks diverged"
     np.testing.assert_allclose(rank0.numpy(), reference.numpy(), rtol=1e-4, atol=1e-5)

@@ -133,12 +133,14 @@ def undone_unless_(optimizer: torch.optim.Optimizer, taken: Tensor) -> None:
                 value.copy_(torch.where(taken, value, old_state.get(key, torch.zeros_like(value))))
 
 
-def fused_adam(params: Iterable[Tensor] | Iterable[dict], lr: float, weight_decay: float = 0.0) -> torch.optim.Adam:
+def fused_adam(
+    params: Iterable[Tensor] | Iterable[dict], lr: float, weight_decay: float = 0.0, beta1: float = 0.9
+) -> torch.optim.Adam:
     """Adam (AdamW with weight decay) with the fused kernel, which can skip a step on the device
     (`step_if_`), and tensor learning rates, which a schedule moves without recompiling a
     compiled step."""
     kind = torch.optim.AdamW if weight_decay else torch.optim.Adam
-    optimizer = kind(params, lr=lr, weight_decay=weight_decay, fused=True)
+    optimizer = kind(params, lr=lr, weight_decay=weight_decay, betas=(beta1, 0.999), fused=True)
     tensor_lrs_(optimizer)
     return optimizer
 
@@ -270,6 +272,18 @@ def frozen(module: nn.Module) -> Iterator[nn.Module]:
         yield module
     finally:
         module.requires_grad_(True)
+
+
+@contextlib.contextmanager
+def evaluating(module: nn.Module) -> Iterator[nn.Module]:
+    """The module in evaluation mode (batch normalization by its running statistics, no dropout) for
+    the duration, then back in the mode it was in."""
+    was_training = module.training
+    module.train(False)
+    try:
+        yield module
+    finally:
+        module.train(was_training)
 
 
 def scheduled_lr(start: float, end_fraction: float, steps_done: int, planned_steps: int) -> float:

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from aa_ray.algos import ppo, sac, sac_dist, sac_dist_simba, sac_simba, td3
+from aa_ray.algos import crossq, droq, ppo, sac, sac_dist, sac_dist_simba, sac_simba, td3
 from aa_ray.nets.policy import ObsDims
 
 
@@ -37,6 +37,8 @@ ALGORITHMS: dict[str, Registered] = {
         sac_dist_simba.SACDistSimbaConfig, sac_dist_simba.SACDistSimba, sac_dist_simba.make_policy
     ),
     "ppo": Registered(ppo.PPOConfig, ppo.PPO, ppo.make_policy),
+    "crossq": Registered(crossq.CrossQConfig, crossq.CrossQ, crossq.make_policy),
+    "droq": Registered(droq.DroQConfig, droq.DroQ, droq.make_policy),
 }
 
 
@@ -102,7 +104,10 @@ def build_algorithm(cfg: Any, obs: ObsDims | int, act_dim: int, device: torch.de
 
 
 def build_policy(cfg: Any, obs: ObsDims | int, act_dim: int) -> nn.Module:
-    return registered(cfg).make_policy(cfg, ObsDims.of(obs), act_dim)
+    """The acting module, in evaluation mode: env runners, evaluation, rollouts and exported policies
+    act with batch normalization's running statistics and without dropout (the learner trains its
+    own copy in training mode)."""
+    return registered(cfg).make_policy(cfg, ObsDims.of(obs), act_dim).eval()
 
 
 # knobs renamed by the redesign (one naming scheme across variants): algo -> old name -> what to write now

@@ -79,10 +79,12 @@ class EnsembleLayerNorm(nn.Module):
 class EnsembleMLP(nn.Module):
     """`num_members` ReLU MLPs of the same widths as one batched ensemble, (members, batch, in) ->
     (members, batch, out). `layer_norm` adds LayerNorm after each hidden layer, which RLPD found
-    keeps Q values bounded when training on offline data the policy never visits."""
+    keeps Q values bounded when training on offline data the policy never visits; `dropout` drops
+    each hidden unit with that probability in training mode, before the LayerNorm (DroQ)."""
 
     def __init__(
-        self, in_dim: int, hidden_dims: Sequence[int], out_dim: int, num_members: int, layer_norm: bool = False
+        self, in_dim: int, hidden_dims: Sequence[int], out_dim: int, num_members: int, layer_norm: bool = False,
+        dropout: float = 0.0,
     ):
         super().__init__()
         dims = [in_dim, *hidden_dims, out_dim]
@@ -92,10 +94,11 @@ class EnsembleMLP(nn.Module):
         self.norms = nn.ModuleList(
             EnsembleLayerNorm(num_members, width) if layer_norm else nn.Identity() for width in hidden_dims
         )
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
         for layer, norm in zip(self.layers[:-1], self.norms, strict=True):
-            x = torch.relu_(norm(layer(x)))  # in place, as in `mlp`
+            x = torch.relu_(norm(self.dropout(layer(x))))  # in place, as in `mlp`
         return self.layers[-1](x)
 
 
@@ -103,9 +106,10 @@ class EnsembleQ(EnsembleMLP):
     """`num_critics` Q(s, a) MLPs; forward returns Q values of shape (num_critics, batch)."""
 
     def __init__(
-        self, obs_dim: int, act_dim: int, hidden_dims: Sequence[int], num_critics: int = 2, layer_norm: bool = False
+        self, obs_dim: int, act_dim: int, hidden_dims: Sequence[int], num_critics: int = 2, layer_norm: bool = False,
+        dropout: float = 0.0,
     ):
-        super().__init__(obs_dim + act_dim, hidden_dims, 1, num_critics, layer_norm)
+        super().__init__(obs_dim + act_dim, hidden_dims, 1, num_critics, layer_norm, dropout)
         self.num_critics = num_critics
 
     def forward(self, obs: Tensor, action: Tensor) -> Tensor:

@@ -1,0 +1,60 @@
+"""DroQ: SAC whose critics carry dropout and layer normalization, at a high update-to-data ratio.
+
+Reference: Hiraoka et al. 2022, "Dropout Q-Functions for Doubly Efficient Reinforcement Learning"
+(ICLR 2022); sbx's DroQ for the defaults. What differs from SAC is the critic ensemble and the
+knobs, so the update is SAC's own (`soft_updates.critics_then_actor`):
+- each hidden layer of each critic is Linear -> Dropout(0.01) -> LayerNorm -> ReLU, and dropout
+  is on in every critic forward the learner makes, the slow target's included (the learner trains
+  in training mode; env runners never run a critic);
+- 20 critic updates per env step (`utd_ratio: 20`), the actor and temperature once per fleet step;
+- two critics (the paper's ensemble of M = 2) with the clipped double-Q target, lr 3e-4 throughout.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from pydantic import Field, PositiveFloat, PositiveInt
+from torch import Tensor
+
+from aa_ray.algos import config, soft_updates
+from aa_ray.algos.bookkeeping import Bookkeeping
+from aa_ray.algos.knobs import RewardNormalizer
+from aa_ray.nets.mlp import EnsembleQ, MLPActor
+from aa_ray.nets.policy import ObsDims, SquashedGaussianPolicy
+from aa_ray.records import Batch
+
+
+class DroQConfig(
+    config.OffPolicyKnobs, config.LearningRates, config.TemperatureKnobs, config.RLPDKnobs, config.MLPNetworks
+):
+    name: Literal["droq"] = "droq"
+    utd_ratio: PositiveInt = Field(20, description="critic updates per fleet step")
+    critic_lr: PositiveFloat = Field(3e-4, description="critic learning rate")
+    alpha_lr: PositiveFloat = Field(3e-4, description="temperature learning rate")
+    layer_norm: bool = Field(True, description="LayerNorm after each hidden critic layer (after the dropout)")
+    dropout_rate: float = Field(0.01, gt=0, lt=1, description="dropout probability of each hidden critic unit")
+
+
+def make_policy(cfg: DroQConfig, obs: ObsDims, act_dim: int) -> SquashedGaussianPolicy:
+    return SquashedGaussianPolicy(MLPActor(obs.actor, act_dim, cfg.actor_hidden_dims), obs, cfg.normalize_obs)
+
+
+class DroQ(Bookkeeping):
+    def __init__(self, cfg: DroQConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int = 0):
+        critic = EnsembleQ(
+            obs.full, act_dim, cfg.critic_hidden_dims, 2, layer_norm=cfg.layer_norm, dropout=cfg.dropout_rate
+        )
+        soft_updates.assemble_(
+            self, cfg, act_dim, device, planned_steps, policy=make_policy(cfg, obs, act_dim), critic=critic,
+            reward_norm=RewardNormalizer(cfg.normalize_reward),
+        )
+
+    def update(self, batch: Batch) -> dict[str, Tensor]:
+        """One fleet step: `batch.num_batches` (utd_ratio) critic steps, then the actor and temperature on
+        the last batch."""
+        return soft_updates.critics_then_actor(self, batch)
+
+    def parts(self) -> dict[str, Any]:
+        return soft_updates.checkpoint_parts(self)
