@@ -15,7 +15,8 @@ the command does. A callback that returns True stops the run after that report (
 checkpoint). Progress is plain log lines unless stderr is a terminal, so a notebook shows lines,
 not a redrawn panel (`progress="live"` or `"plain"` chooses).
 
-Errors are the command's: `SpecError` for a bad spec or override, `CheckpointError` for a missing,
+Errors are the command's: `SpecError` for a bad spec or override, `TrackingError` for an MLflow store
+that cannot be used (both `aa_ray.errors.UserError`), `CheckpointError` for a missing,
 corrupt or foreign checkpoint, `TrainingError` / `ResourceError` when a run fails, each with a
 message that names the field or file.
 """

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aa_ray import metric_names
-from aa_ray.spec.loader import SpecError, load_spec, spec_hash, spec_yaml
+from aa_ray.errors import UserError
+from aa_ray.spec.loader import load_spec, spec_hash, spec_yaml
 
 if TYPE_CHECKING:
     from aa_ray.spec.experiment import ExperimentSpec
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         return _policy_command(args)
     try:
         spec = load_spec(args.spec, args.overrides)
-    except SpecError as err:
+    except UserError as err:
         return _fail(str(err))
 
     if args.command == "validate":
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             obs, act_dim = env_dims(spec)
-        except SpecError as err:
+        except UserError as err:
             return _fail(str(err))
         groups = f" ({', '.join(f'{key} {dim}' for key, dim in obs.groups)}; the actor reads {obs.actor})" \
             if obs.groups else ""
@@ -164,7 +165,7 @@ def _run(spec: ExperimentSpec, args: argparse.Namespace) -> int:
     try:
         result = experiment.fit(resume=args.resume, track=False if args.no_track else None,
                                 progress="plain" if args.plain else "auto")
-    except (SpecError, DatasetError, CheckpointError) as err:
+    except (UserError, DatasetError, CheckpointError) as err:
         return _fail(str(err))
     except (ResourceError, TrainingError) as err:
         last = experiment.trainer.last_checkpoint if experiment.trainer else None
@@ -194,7 +195,7 @@ def _policy_command(args: argparse.Namespace) -> int:
             print(f"{args.format}: {out} (obs {policy.obs_dim}{keys} -> action {policy.act_dim}, {policy.spec.env.id})")
             return 0
         result = policy.evaluate(args.episodes, video=args.video)
-    except (SpecError, CheckpointError, ValueError) as err:
+    except (UserError, CheckpointError, ValueError) as err:
         return _fail(str(err))
     except RuntimeError as err:  # the video could not be rendered here
         return _fail(str(err), code=1)
@@ -229,7 +230,7 @@ def _rollout(spec: ExperimentSpec, args: argparse.Namespace) -> int:
             spec, args.out, args.episodes, checkpoint=args.checkpoint, scripted=args.scripted,
             deterministic=args.deterministic,
         )
-    except (SpecError, CheckpointError, RolloutError, DatasetError) as err:
+    except (UserError, CheckpointError, RolloutError, DatasetError) as err:
         return _fail(str(err))
     except (ResourceError, TrainingError) as err:
         return _fail(str(err), code=1)
@@ -271,7 +272,7 @@ def _tune_command(args: argparse.Namespace) -> int:
     loader = {"sweep": load_sweep, "suite": load_suite, "pipeline": load_pipeline}[args.command]
     try:  # everything in the file is checked before Ray starts
         loaded = loader(args.spec)
-    except SpecError as err:
+    except UserError as err:
         return _fail(str(err))
     from aa_ray.runtime.cluster import ResourceError, job_tracking_problem
 
@@ -308,7 +309,7 @@ def _tune_command(args: argparse.Namespace) -> int:
         return 0
     except ResourceError as err:
         return _fail(str(err), code=1)
-    except SpecError as err:  # e.g. a multi-node cluster without shared Tune storage
+    except UserError as err:  # e.g. a multi-node cluster without shared Tune storage
         return _fail(str(err))
     except KeyboardInterrupt:
         return _fail("interrupted", code=130)

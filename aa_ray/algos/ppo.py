@@ -13,8 +13,8 @@ from a KL target as in rsl_rl. Deliberate choices:
 - advantages are normalized over the global batch (all learners), each learner updates on its own
   envs' share, and DDP averages the gradients;
 - the adaptive learning rate changes the actor's rate only, on the KL averaged over learners, so
-  every learner keeps the same rate; it reads that KL on the host after every minibatch (the rule
-  needs the number), the one read inside the update besides the finite-gradient check;
+  every learner keeps the same rate; the rule runs on the device (`adapt_lr`, a `torch.where` on the
+  KL tensor), so the update never waits for the host;
 - symmetry augmentation (`sym_aug`, as in rsl_rl): each minibatch is doubled with its mirror image
   (observations and actions mirrored before normalization; old log-probs, advantages and value
   targets copied), and `actor/symmetry_loss` pulls the mean action of a mirrored observation toward
@@ -272,7 +272,7 @@ class PPO(Bookkeeping):
             approx_kl = ddp.global_mean(((ratio - 1.0) - log_ratio).mean())  # Schulman's k3 estimator, >= 0
             self.largest_value = torch.maximum(self.largest_value, value.abs().max())
         return extra | {
-            "actor/policy_loss": policy_loss.detach(),
+            m.ACTOR_LOSS: policy_loss.detach(),
             m.ACTOR_ENTROPY: entropy.detach().mean(),
             "actor/approx_kl": approx_kl,
             "actor/clamp_pos": (ratio > 1.0 + eps_high).float().mean(),

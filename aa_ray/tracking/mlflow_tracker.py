@@ -26,8 +26,9 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from sqlalchemy.exc import SQLAlchemyError
 
+from aa_ray.errors import UserError
 from aa_ray.spec.experiment import ExperimentSpec
-from aa_ray.spec.loader import SpecError, flatten, spec_hash, spec_to_dict
+from aa_ray.spec.loader import flatten, spec_hash, spec_to_dict
 
 _MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch call
 _MAX_PARAMS = 100  # and of params per call
@@ -41,9 +42,9 @@ T = TypeVar("T")
 _STORE_ERRORS = (MlflowException, OSError, SQLAlchemyError)
 
 
-class TrackingError(SpecError):
-    """The MLflow store at the tracking URI cannot be used. A SpecError: every command reports it
-    as one paragraph, like any other setting a run cannot start with."""
+class TrackingError(UserError):
+    """The MLflow store at the tracking URI cannot be used; every command reports it as one
+    paragraph, like any other setting a run cannot start with."""
 
 
 @contextmanager
