@@ -38,6 +38,9 @@ VARIANTS = {  # name -> spec file (all on aa_ray/PusherReach-v0)
     "sac_dist": "sac_dist.yaml",
     "sac_dist_simba": "sac_dist_simba.yaml",
     "td3": "td3.yaml",
+    "crossq": "crossq.yaml",  # critics 256 x 2
+    "crossq_2048": "mujoco/crossq.yaml",  # the paper's 2048 x 2 critics
+    "droq": "droq.yaml",
 }
 OBS_DIM, ACT_DIM = 10, 2
 
