@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from aa_ray.algos.knobs import GradientStep, RewardNormalizer, make_optimizer, prior_rows, scheduled_lr
 from aa_ray.algos.losses import bee_target, expectile_loss, rlpd_diagnostics, td_loss
 from aa_ray.algos.sac import SAC, SACConfig
+from aa_ray.algos.training import GradientStep, RewardNormalizer, make_optimizer, prior_rows, scheduled_lr
 from aa_ray.nets.policy import ObsDims
 from aa_ray.records import Batch
 from aa_ray.spec.loader import SpecError, validate_spec

@@ -200,9 +200,9 @@ def test_no_module_imports_itself_back() -> None:
 
 def test_the_rule_reads_imports_inside_functions_and_relative_ones() -> None:
     """The reader itself: a module that tucks its imports away is still read."""
-    source = "def f():\n    import ray.util\n    from ..runtime import trainer\n    from . import knobs\n"
+    source = "def f():\n    import ray.util\n    from ..runtime import trainer\n    from . import training\n"
     found = {imported for _, imported in imports_in(source, "aa_ray.algos.probe")}
-    assert {"ray.util", "aa_ray.runtime", "aa_ray.runtime.trainer", "aa_ray.algos.knobs"} <= found
+    assert {"ray.util", "aa_ray.runtime", "aa_ray.runtime.trainer", "aa_ray.algos.training"} <= found
     assert against_the_layers("aa_ray.algos.probe", "aa_ray.runtime.trainer")
     assert against_the_layers("aa_ray.data.rollout", "aa_ray.runtime.trainer")
     assert against_the_layers("aa_ray.envs.make", "aa_ray.tracking.mlflow_tracker")

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from aa_ray.algos.contract import Health
-from aa_ray.algos.knobs import GradientStep, LinearLRSchedule, RewardNormalizer, compile_networks_, tensor_lrs_
+from aa_ray.algos.training import GradientStep, LinearLRSchedule, RewardNormalizer, compile_networks_, tensor_lrs_
 from aa_ray.records import ObsMoments, ReturnMoments
 
 

@@ -25,18 +25,19 @@ from torch import Tensor
 
 from aa_ray import ddp
 from aa_ray import metric_names as m
-from aa_ray.algos import config, soft_updates
+from aa_ray.algos import config, sac_family
 from aa_ray.algos.bookkeeping import Bookkeeping
-from aa_ray.algos.knobs import (
+from aa_ray.algos.losses import bootstrap_factor, critic_diagnostics, rlpd_diagnostics, soft_td_target, td_loss
+from aa_ray.algos.training import (
     GradientStep,
     LinearLRSchedule,
     RewardNormalizer,
     autocast,
+    delayed_actor_steps,
     evaluating,
     every_group,
     fused_adam,
 )
-from aa_ray.algos.losses import bootstrap_factor, critic_diagnostics, rlpd_diagnostics, soft_td_target, td_loss
 from aa_ray.nets.batch_renorm import RenormActor, RenormEnsembleQ, RenormSettings
 from aa_ray.nets.policy import ObsDims, SquashedGaussianPolicy
 from aa_ray.records import Batch
@@ -73,7 +74,7 @@ class CrossQ(Bookkeeping):
         self.cfg = cfg
         self.policy = make_policy(cfg, obs, act_dim).to(device)
         self.critic = RenormEnsembleQ(obs.full, act_dim, cfg.critic_hidden_dims, cfg.renorm()).to(device)
-        self.log_alpha, self.target_entropy = soft_updates.temperature(cfg, act_dim, device)
+        self.log_alpha, self.target_entropy = sac_family.temperature(cfg, act_dim, device)
         self.reward_norm = RewardNormalizer(cfg.normalize_reward).to(device)
         self.critic_updates = 0  # decides the delayed actor steps; checkpointed
 
@@ -92,20 +93,20 @@ class CrossQ(Bookkeeping):
     def update(self, batch: Batch) -> dict[str, Tensor]:
         """One fleet step: `batch.num_batches` critic steps; after every `policy_delay`-th critic step
         (counted over the whole run), an actor and temperature step on the same batch."""
-        info: dict[str, Tensor] = {}
-        for i in range(batch.num_batches):
-            b = batch.at(i)
-            info |= self.critic_update(b)
-            self.critic_updates += 1
-            if self.critic_updates % self.cfg.policy_delay == 0:
-                with evaluating(self.critic):
-                    info |= soft_updates.update_actor_and_temperature(
-                        b.obs, self.policy, self.policy_ddp, self.critic, lambda q: q, self.actor_step,
-                        self.log_alpha, self.alpha_step, self.target_entropy, self.cfg,
-                    )
+        info, self.critic_updates = delayed_actor_steps(
+            batch, self.critic_updates, self.cfg.policy_delay, self.critic_update, self.actor_update
+        )
         info[m.ACTOR_LR] = self.schedule.current_lr()
         self.schedule.advance()
         return info
+
+    def actor_update(self, b: Batch) -> dict[str, Tensor]:
+        """SAC's actor and temperature step, the critics judging with their running statistics."""
+        with evaluating(self.critic):
+            return sac_family.update_actor_and_temperature(
+                b.obs, self.policy, self.policy_ddp, self.critic, lambda q: q, self.actor_step,
+                self.log_alpha, self.alpha_step, self.target_entropy, self.cfg,
+            )
 
     def critic_update(self, b: Batch) -> dict[str, Tensor]:
         cfg, rows = self.cfg, len(b.obs)

@@ -2,7 +2,7 @@
 
 Reference: Hiraoka et al. 2022, "Dropout Q-Functions for Doubly Efficient Reinforcement Learning"
 (ICLR 2022); sbx's DroQ for the defaults. What differs from SAC is the critic ensemble and the
-knobs, so the update is SAC's own (`soft_updates.critics_then_actor`):
+knobs, so the update is SAC's own (`sac_family.critics_then_actor`):
 - each hidden layer of each critic is Linear -> Dropout(0.01) -> LayerNorm -> ReLU, and dropout
   is on in every critic forward the learner makes, the slow target's included (the learner trains
   in training mode; env runners never run a critic);
@@ -18,11 +18,11 @@ import torch
 from pydantic import Field, PositiveFloat, PositiveInt
 from torch import Tensor
 
-from aa_ray.algos import config, soft_updates
+from aa_ray.algos import config, sac_family
 from aa_ray.algos.bookkeeping import Bookkeeping
-from aa_ray.algos.knobs import RewardNormalizer
-from aa_ray.nets.mlp import EnsembleQ, MLPActor
-from aa_ray.nets.policy import ObsDims, SquashedGaussianPolicy
+from aa_ray.algos.training import RewardNormalizer
+from aa_ray.nets.mlp import EnsembleQ
+from aa_ray.nets.policy import ObsDims
 from aa_ray.records import Batch
 
 
@@ -37,8 +37,7 @@ class DroQConfig(
     dropout_rate: float = Field(0.01, gt=0, lt=1, description="dropout probability of each hidden critic unit")
 
 
-def make_policy(cfg: DroQConfig, obs: ObsDims, act_dim: int) -> SquashedGaussianPolicy:
-    return SquashedGaussianPolicy(MLPActor(obs.actor, act_dim, cfg.actor_hidden_dims), obs, cfg.normalize_obs)
+make_policy = sac_family.mlp_policy  # the acting module env runners load
 
 
 class DroQ(Bookkeeping):
@@ -46,7 +45,7 @@ class DroQ(Bookkeeping):
         critic = EnsembleQ(
             obs.full, act_dim, cfg.critic_hidden_dims, 2, layer_norm=cfg.layer_norm, dropout=cfg.dropout_rate
         )
-        soft_updates.assemble_(
+        sac_family.assemble_(
             self, cfg, act_dim, device, planned_steps, policy=make_policy(cfg, obs, act_dim), critic=critic,
             reward_norm=RewardNormalizer(cfg.normalize_reward),
         )
@@ -54,7 +53,7 @@ class DroQ(Bookkeeping):
     def update(self, batch: Batch) -> dict[str, Tensor]:
         """One fleet step: `batch.num_batches` (utd_ratio) critic steps, then the actor and temperature on
         the last batch."""
-        return soft_updates.critics_then_actor(self, batch)
+        return sac_family.critics_then_actor(self, batch)
 
     def parts(self) -> dict[str, Any]:
-        return soft_updates.checkpoint_parts(self)
+        return sac_family.checkpoint_parts(self)

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from aa_ray import metric_names as m
-from aa_ray.algos.knobs import prior_rows
+from aa_ray.algos.training import prior_rows
 from aa_ray.nets.distributional import project_distribution, saturation
 
 

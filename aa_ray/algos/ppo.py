@@ -35,7 +35,7 @@ from aa_ray import metric_names as m
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.config import LearningRates, OnPolicyKnobs
 from aa_ray.algos.contract import Health, RunShape
-from aa_ray.algos.knobs import LinearLRSchedule, RewardNormalizer, count_skip_, fused_adam, step_if_
+from aa_ray.algos.training import LinearLRSchedule, RewardNormalizer, count_skip_, fused_adam, step_if_
 from aa_ray.envs.symmetry import Mirror
 from aa_ray.nets.actor_critic import GaussianActorCritic
 from aa_ray.nets.policy import ObsDims

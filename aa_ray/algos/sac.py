@@ -19,11 +19,11 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from aa_ray.algos import config, soft_updates
+from aa_ray.algos import config, sac_family
 from aa_ray.algos.bookkeeping import Bookkeeping
-from aa_ray.algos.knobs import RewardNormalizer
-from aa_ray.nets.mlp import EnsembleQ, MLPActor, MLPValue
-from aa_ray.nets.policy import ObsDims, SquashedGaussianPolicy
+from aa_ray.algos.training import RewardNormalizer
+from aa_ray.nets.mlp import EnsembleQ, MLPValue
+from aa_ray.nets.policy import ObsDims
 from aa_ray.records import Batch
 
 
@@ -34,13 +34,12 @@ class SACConfig(
     name: Literal["sac"] = "sac"
 
 
-def make_policy(cfg: SACConfig, obs: ObsDims, act_dim: int) -> SquashedGaussianPolicy:
-    return SquashedGaussianPolicy(MLPActor(obs.actor, act_dim, cfg.actor_hidden_dims), obs, cfg.normalize_obs)
+make_policy = sac_family.mlp_policy  # the acting module env runners load
 
 
 class SAC(Bookkeeping):
     def __init__(self, cfg: SACConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int = 0):
-        soft_updates.assemble_(
+        sac_family.assemble_(
             self, cfg, act_dim, device, planned_steps, policy=make_policy(cfg, obs, act_dim),
             critic=EnsembleQ(obs.full, act_dim, cfg.critic_hidden_dims, 2, layer_norm=cfg.layer_norm),
             value=MLPValue(obs.full, cfg.critic_hidden_dims) if cfg.learn_v else None,
@@ -50,7 +49,7 @@ class SAC(Bookkeeping):
     def update(self, batch: Batch) -> dict[str, Tensor]:
         """One fleet step: `batch.num_batches` critic (and V) steps, then the actor and temperature on the
         last batch."""
-        return soft_updates.critics_then_actor(self, batch)
+        return sac_family.critics_then_actor(self, batch)
 
     def parts(self) -> dict[str, Any]:
-        return soft_updates.checkpoint_parts(self)
+        return sac_family.checkpoint_parts(self)

@@ -23,11 +23,10 @@ import torch
 from torch import Tensor
 
 from aa_ray import metric_names as m
-from aa_ray.algos import config, soft_updates
+from aa_ray.algos import config, sac_family
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.nets.distributional import EnsembleCategoricalQ, expected_value, make_support
-from aa_ray.nets.mlp import MLPActor
-from aa_ray.nets.policy import ObsDims, SquashedGaussianPolicy
+from aa_ray.nets.policy import ObsDims
 from aa_ray.records import Batch
 
 
@@ -38,18 +37,17 @@ class SACDistConfig(
     name: Literal["sac_dist"] = "sac_dist"
 
 
-def make_policy(cfg: SACDistConfig, obs: ObsDims, act_dim: int) -> SquashedGaussianPolicy:
-    return SquashedGaussianPolicy(MLPActor(obs.actor, act_dim, cfg.actor_hidden_dims), obs, cfg.normalize_obs)
+make_policy = sac_family.mlp_policy  # the acting module env runners load
 
 
 class SACDist(Bookkeeping):
     def __init__(self, cfg: SACDistConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int = 0):
-        soft_updates.assemble_(
+        sac_family.assemble_(
             self, cfg, act_dim, device, planned_steps, policy=make_policy(cfg, obs, act_dim),
             critic=EnsembleCategoricalQ(
                 obs.full, act_dim, cfg.critic_hidden_dims, cfg.num_atoms, num_critics=2, layer_norm=cfg.layer_norm
             ),
-            reward_norm=soft_updates.support_reward_normalizer(cfg, cfg.normalize_reward),
+            reward_norm=sac_family.support_reward_normalizer(cfg, cfg.normalize_reward),
         )
         self.support = make_support(cfg.num_atoms, cfg.v_min, cfg.v_max, device)
 
@@ -58,11 +56,11 @@ class SACDist(Bookkeeping):
         the temperature on the last batch."""
         alpha = self.log_alpha.detach().exp()
         for i in range(batch.num_batches):
-            x = soft_updates.prepare(batch.at(i), self.policy, self.reward_norm)
-            info, q = soft_updates.update_categorical_critics(
+            x = sac_family.prepare(batch.at(i), self.policy, self.reward_norm)
+            info, q = sac_family.update_categorical_critics(
                 x, alpha, self.policy, self.critics, self.support, self.reward_norm.scale(), self.cfg
             )
-        info |= soft_updates.update_actor_and_temperature(
+        info |= sac_family.update_actor_and_temperature(
             batch.at(-1).obs, self.policy, self.policy_ddp, self.critic, partial(expected_value, support=self.support),
             self.actor_step, self.log_alpha, self.alpha_step, self.target_entropy, self.cfg,
         )
@@ -72,4 +70,4 @@ class SACDist(Bookkeeping):
         return info
 
     def parts(self) -> dict[str, Any]:
-        return soft_updates.checkpoint_parts(self)
+        return sac_family.checkpoint_parts(self)

@@ -21,11 +21,11 @@ from pydantic import Field
 from torch import Tensor
 
 from aa_ray import metric_names as m
-from aa_ray.algos import config, soft_updates
+from aa_ray.algos import config, sac_family
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.nets.distributional import SimbaV2CategoricalCritic, expected_value, make_support
-from aa_ray.nets.policy import ObsDims, SquashedGaussianPolicy
-from aa_ray.nets.simba import SimbaV2Actor, normalize_weights_
+from aa_ray.nets.policy import ObsDims
+from aa_ray.nets.simba import normalize_weights_
 from aa_ray.records import Batch
 
 
@@ -39,9 +39,7 @@ class SACDistSimbaConfig(
     v_max: float = Field(5.0, description="highest atom; the reward scaling maps max|G| to min(-v_min, v_max)")
 
 
-def make_policy(cfg: SACDistSimbaConfig, obs: ObsDims, act_dim: int) -> SquashedGaussianPolicy:
-    actor = SimbaV2Actor(obs.actor, act_dim, cfg.actor_hidden_dim, cfg.actor_num_blocks)
-    return SquashedGaussianPolicy(actor, obs, cfg.normalize_obs)
+make_policy = sac_family.simba_policy  # the acting module env runners load
 
 
 class SACDistSimba(Bookkeeping):
@@ -49,26 +47,26 @@ class SACDistSimba(Bookkeeping):
         self, cfg: SACDistSimbaConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int = 0
     ):
         # every step of a hyperspherical network ends with its weights projected back onto the sphere
-        soft_updates.assemble_(
+        sac_family.assemble_(
             self, cfg, act_dim, device, planned_steps, policy=make_policy(cfg, obs, act_dim),
             critic=SimbaV2CategoricalCritic(
                 obs.full, act_dim, cfg.critic_hidden_dim, cfg.critic_num_blocks, cfg.num_atoms
             ),
-            reward_norm=soft_updates.support_reward_normalizer(cfg, cfg.normalize_reward), project=normalize_weights_,
+            reward_norm=sac_family.support_reward_normalizer(cfg, cfg.normalize_reward), project=normalize_weights_,
         )
         self.support = make_support(cfg.num_atoms, cfg.v_min, cfg.v_max, device)
 
     def update(self, batch: Batch) -> dict[str, Tensor]:
         """SimbaV2's order: actor (on the critics' expected Q) and temperature on the first batch, then
         `batch.num_batches` critic steps, each followed by the target update; then the lrs decay a step."""
-        info = soft_updates.update_actor_and_temperature(
+        info = sac_family.update_actor_and_temperature(
             batch.at(0).obs, self.policy, self.policy_ddp, self.critic, partial(expected_value, support=self.support),
             self.actor_step, self.log_alpha, self.alpha_step, self.target_entropy, self.cfg,
         ) | {m.ACTOR_LR: self.schedule.current_lr()}
         alpha = self.log_alpha.detach().exp()
         for i in range(batch.num_batches):
-            critic_info, q = soft_updates.update_categorical_critics(
-                soft_updates.prepare(batch.at(i), self.policy, self.reward_norm), alpha, self.policy, self.critics,
+            critic_info, q = sac_family.update_categorical_critics(
+                sac_family.prepare(batch.at(i), self.policy, self.reward_norm), alpha, self.policy, self.critics,
                 self.support, self.reward_norm.scale(), self.cfg,
             )
         self.schedule.advance()
@@ -76,4 +74,4 @@ class SACDistSimba(Bookkeeping):
         return info | critic_info
 
     def parts(self) -> dict[str, Any]:
-        return soft_updates.checkpoint_parts(self)
+        return sac_family.checkpoint_parts(self)

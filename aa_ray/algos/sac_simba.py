@@ -17,11 +17,11 @@ import torch
 from torch import Tensor
 
 from aa_ray import metric_names as m
-from aa_ray.algos import config, soft_updates
+from aa_ray.algos import config, sac_family
 from aa_ray.algos.bookkeeping import Bookkeeping
-from aa_ray.algos.knobs import RewardNormalizer
-from aa_ray.nets.policy import ObsDims, SquashedGaussianPolicy
-from aa_ray.nets.simba import SimbaV2Actor, SimbaV2Critic, SimbaV2Value, normalize_weights_
+from aa_ray.algos.training import RewardNormalizer
+from aa_ray.nets.policy import ObsDims
+from aa_ray.nets.simba import SimbaV2Critic, SimbaV2Value, normalize_weights_
 from aa_ray.records import Batch
 
 
@@ -32,15 +32,13 @@ class SACSimbaConfig(
     name: Literal["sac_simba"] = "sac_simba"
 
 
-def make_policy(cfg: SACSimbaConfig, obs: ObsDims, act_dim: int) -> SquashedGaussianPolicy:
-    actor = SimbaV2Actor(obs.actor, act_dim, cfg.actor_hidden_dim, cfg.actor_num_blocks)
-    return SquashedGaussianPolicy(actor, obs, cfg.normalize_obs)
+make_policy = sac_family.simba_policy  # the acting module env runners load
 
 
 class SACSimba(Bookkeeping):
     def __init__(self, cfg: SACSimbaConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int = 0):
         # every step of a hyperspherical network ends with its weights projected back onto the sphere
-        soft_updates.assemble_(
+        sac_family.assemble_(
             self, cfg, act_dim, device, planned_steps, policy=make_policy(cfg, obs, act_dim),
             critic=SimbaV2Critic(obs.full, act_dim, cfg.critic_hidden_dim, cfg.critic_num_blocks),
             value=SimbaV2Value(obs.full, cfg.critic_hidden_dim, cfg.critic_num_blocks) if cfg.learn_v else None,
@@ -50,14 +48,14 @@ class SACSimba(Bookkeeping):
     def update(self, batch: Batch) -> dict[str, Tensor]:
         """SimbaV2's order: actor and temperature on the first batch, then `batch.num_batches` critic (and V)
         steps, each followed by the target update; then the learning rates move along their decay."""
-        info = soft_updates.update_actor_and_temperature(
+        info = sac_family.update_actor_and_temperature(
             batch.at(0).obs, self.policy, self.policy_ddp, self.critic, lambda q: q, self.actor_step,
             self.log_alpha, self.alpha_step, self.target_entropy, self.cfg,
         ) | {m.ACTOR_LR: self.schedule.current_lr()}
         alpha = self.log_alpha.detach().exp()
         for i in range(batch.num_batches):
-            critic_info, q = soft_updates.update_scalar_critics(
-                soft_updates.prepare(batch.at(i), self.policy, self.reward_norm), alpha, self.policy, self.critics,
+            critic_info, q = sac_family.update_scalar_critics(
+                sac_family.prepare(batch.at(i), self.policy, self.reward_norm), alpha, self.policy, self.critics,
                 self.reward_norm.scale(), self.cfg,
             )
         self.largest_value = q.abs().max()
@@ -65,4 +63,4 @@ class SACSimba(Bookkeeping):
         return info | critic_info
 
     def parts(self) -> dict[str, Any]:
-        return soft_updates.checkpoint_parts(self)
+        return sac_family.checkpoint_parts(self)

@@ -33,22 +33,23 @@ from aa_ray import ddp
 from aa_ray import metric_names as m
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.config import LearningRates, MLPNetworks, OffPolicyKnobs, RLPDKnobs
-from aa_ray.algos.knobs import (
-    GradientStep,
-    LinearLRSchedule,
-    RewardNormalizer,
-    autocast,
-    every_group,
-    frozen,
-    make_optimizer,
-    polyak_update_,
-)
 from aa_ray.algos.losses import (
     bootstrap_factor,
     critic_diagnostics,
     rlpd_diagnostics,
     smoothed_target_action,
     td_loss,
+)
+from aa_ray.algos.training import (
+    GradientStep,
+    LinearLRSchedule,
+    RewardNormalizer,
+    autocast,
+    delayed_actor_steps,
+    every_group,
+    frozen,
+    make_optimizer,
+    polyak_update_,
 )
 from aa_ray.nets.deterministic import DeterministicPolicy
 from aa_ray.nets.mlp import EnsembleQ, mlp
@@ -94,15 +95,9 @@ class TD3(Bookkeeping):
         """One fleet step: `batch.num_batches` critic steps; after every `policy_delay`-th critic step
         (counted over the whole run), an actor step on the same batch and a polyak step of the
         target actor and critics."""
-        info: dict[str, Tensor] = {}
-        for i in range(batch.num_batches):
-            b = batch.at(i)
-            info |= self.critic_update(b)
-            self.critic_updates += 1
-            if self.critic_updates % self.cfg.policy_delay == 0:
-                info |= self.actor_update(b)
-                polyak_update_(self.policy.actor, self.actor_target, self.cfg.tau)
-                polyak_update_(self.critic, self.critic_target, self.cfg.tau)
+        info, self.critic_updates = delayed_actor_steps(
+            batch, self.critic_updates, self.cfg.policy_delay, self.critic_update, self.actor_and_target_update
+        )
         info[m.ACTOR_LR] = self.schedule.current_lr()
         self.schedule.advance()
         return info
@@ -127,6 +122,12 @@ class TD3(Bookkeeping):
             "critic/target_noise_clip_fraction": (noise.abs() > cfg.target_noise_clip).float().mean(),
             "critic/target_action_bound_fraction": (next_action.abs() >= 1.0).float().mean(),
         } | rlpd_diagnostics(q, cfg.prior_data, cfg.prior_data_ratio)
+
+    def actor_and_target_update(self, b: Batch) -> dict[str, Tensor]:
+        info = self.actor_update(b)
+        polyak_update_(self.policy.actor, self.actor_target, self.cfg.tau)
+        polyak_update_(self.critic, self.critic_target, self.cfg.tau)
+        return info
 
     def actor_update(self, b: Batch) -> dict[str, Tensor]:
         """The deterministic policy gradient through Q1 alone, as in the paper."""

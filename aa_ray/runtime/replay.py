@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from aa_ray import seeding
-from aa_ray.algos.knobs import prior_rows  # the one definition, shared with the algorithms' diagnostics
+from aa_ray.algos.training import prior_rows  # the one definition, shared with the algorithms' diagnostics
 from aa_ray.data import dataset as ds
 from aa_ray.records import ReplaySample, SampleTiming, Transitions
 from aa_ray.runtime.metrics import RunMetrics

@@ -17,9 +17,9 @@ from torch import Tensor
 
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.config import LearningRates, MLPNetworks, OffPolicyKnobs
-from aa_ray.algos.knobs import GradientStep, RewardNormalizer, frozen, fused_adam, polyak_update_
 from aa_ray.algos.losses import bootstrap_factor, sac_actor_loss, soft_td_target, td_loss
 from aa_ray.algos.registry import Registered
+from aa_ray.algos.training import GradientStep, RewardNormalizer, frozen, fused_adam, polyak_update_
 from aa_ray.nets.mlp import EnsembleQ, MLPActor
 from aa_ray.nets.policy import ObsDims, SquashedGaussianPolicy
 from aa_ray.records import Batch

@@ -24,17 +24,6 @@ from torch import Tensor, nn
 from aa_ray import ddp
 from aa_ray import metric_names as m
 from aa_ray.algos.config import C51Support, TemperatureKnobs
-from aa_ray.algos.knobs import (
-    GradientStep,
-    LinearLRSchedule,
-    RewardNormalizer,
-    autocast,
-    every_group,
-    frozen,
-    fused_adam,
-    make_optimizer,
-    polyak_update_,
-)
 from aa_ray.algos.losses import (
     bee_target,
     bootstrap_factor,
@@ -51,9 +40,33 @@ from aa_ray.algos.losses import (
     td_loss,
     temperature_loss,
 )
+from aa_ray.algos.training import (
+    GradientStep,
+    LinearLRSchedule,
+    RewardNormalizer,
+    autocast,
+    every_group,
+    frozen,
+    fused_adam,
+    make_optimizer,
+    polyak_update_,
+)
 from aa_ray.nets.distributional import expected_value
-from aa_ray.nets.policy import SquashedGaussianPolicy
+from aa_ray.nets.mlp import MLPActor
+from aa_ray.nets.policy import ObsDims, SquashedGaussianPolicy
+from aa_ray.nets.simba import SimbaV2Actor
 from aa_ray.records import Batch
+
+
+def mlp_policy(cfg: Any, obs: ObsDims, act_dim: int) -> SquashedGaussianPolicy:
+    """The acting policy of the MLP variants (sac, sac_dist, droq): a ReLU MLP's tanh-Gaussian."""
+    return SquashedGaussianPolicy(MLPActor(obs.actor, act_dim, cfg.actor_hidden_dims), obs, cfg.normalize_obs)
+
+
+def simba_policy(cfg: Any, obs: ObsDims, act_dim: int) -> SquashedGaussianPolicy:
+    """The acting policy of the SimbaV2 variants (sac_simba, sac_dist_simba)."""
+    actor = SimbaV2Actor(obs.actor, act_dim, cfg.actor_hidden_dim, cfg.actor_num_blocks)
+    return SquashedGaussianPolicy(actor, obs, cfg.normalize_obs)
 
 
 def assemble_(

@@ -1,6 +1,7 @@
-"""The plumbing that implements the shared knobs: one gradient step (clipping, mixed precision,
-the finite check), the optimizer choice, the learning-rate schedule, polyak averaging, reward
-normalization and the RLPD batch split. Algorithm files call these."""
+"""What an update is made of besides its math: one gradient step (clipping, mixed precision, the
+finite check), the optimizer choice, the learning-rate schedule, polyak averaging, TD3's delayed
+actor steps, training and evaluation mode, reward normalization and the RLPD batch split. Algorithm
+files call these."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from aa_ray import ddp
+from aa_ray.records import Batch
 
 
 def prior_rows(batch_size: int, ratio: float) -> int:
@@ -261,6 +263,23 @@ def compile_networks_(modules: Iterable[nn.Module], device: torch.device) -> Non
     mode = "reduce-overhead" if device.type == "cuda" else "default"
     for module in modules:
         module.compile(mode=mode, dynamic=False)
+
+
+def delayed_actor_steps(
+    batch: Batch, steps_done: int, delay: int, critic_step: Callable[[Batch], dict[str, Tensor]],
+    actor_step: Callable[[Batch], dict[str, Tensor]],
+) -> tuple[dict[str, Tensor], int]:
+    """TD3's schedule (CrossQ takes it too): a critic step on every batch of the stack, and after
+    every `delay`-th critic step of the run (`steps_done` before this stack) an actor step on the
+    same batch. Returns the diagnostics and the critic steps done."""
+    info: dict[str, Tensor] = {}
+    for i in range(batch.num_batches):
+        b = batch.at(i)
+        info |= critic_step(b)
+        steps_done += 1
+        if steps_done % delay == 0:
+            info |= actor_step(b)
+    return info, steps_done
 
 
 @contextlib.contextmanager
