@@ -10,7 +10,10 @@ import pytest
 import ray
 import yaml
 
+from aa_ray.algos.registry import ALGORITHMS
 from aa_ray.cli import main
+from aa_ray.spec import hashed_fields
+from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import SpecError, apply_overrides, load_spec, spec_hash, validate_spec
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
@@ -129,6 +132,23 @@ def test_new_knobs_left_at_their_defaults_keep_the_hashes_of_shipped_specs() -> 
     assert spec_hash(spelled_out) == "53e856b8ac63"
     listed = load_spec(SPECS / "sac.yaml", ["eval.info_metrics=[distance]"])
     assert spec_hash(listed) != "53e856b8ac63"  # a knob that is set is part of the content
+
+
+def test_a_knob_added_later_keeps_the_hashes_without_being_listed() -> None:
+    """`hashed_fields` is frozen: a field outside it (algo.plugin, env.imports, every knob of an
+    algorithm added since, as CrossQ's) changes a spec's hash only when it is set away from its
+    default. An algorithm's name always counts."""
+    for section, fields in hashed_fields.SECTIONS.items():
+        assert fields <= set(ExperimentSpec.model_fields[section].annotation.model_fields), section
+    for name, fields in hashed_fields.ALGORITHMS.items():
+        assert fields <= set(ALGORITHMS[name].config.model_fields), name
+    base = spec_hash(load_spec(SPECS / "crossq.yaml"))
+    assert spec_hash(load_spec(SPECS / "crossq.yaml", ["algo.adam_beta1=0.5", "algo.plugin=null"])) == base
+    assert spec_hash(load_spec(SPECS / "crossq.yaml", ["algo.adam_beta1=0.9"])) != base
+    assert spec_hash(load_spec(SPECS / "sac.yaml", ["env.imports=[]"])) == "53e856b8ac63"
+    raw = yaml.safe_load((SPECS / "sac.yaml").read_text())
+    plain = [validate_spec({**raw, "algo": {"name": name}}) for name in ("crossq", "droq")]
+    assert spec_hash(plain[0]) != spec_hash(plain[1])
 
 
 def test_the_stop_shorthands_are_stop_at_rules(tmp_path: Path) -> None:

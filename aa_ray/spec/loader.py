@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from aa_ray.algos.registry import ALGORITHMS, RENAMED_KNOBS
 from aa_ray.errors import SpecError
+from aa_ray.spec import hashed_fields
 from aa_ray.spec.experiment import ExperimentSpec
 
 __all__ = ["SpecError", "load_spec", "validate_spec"]
@@ -112,26 +113,29 @@ def spec_to_dict(spec: ExperimentSpec) -> dict[str, Any]:
     return spec.model_dump(mode="json")
 
 
-# Knobs added after specs were first hashed, with their defaults: a spec that leaves one at its
-# default hashes as before the knob existed, so finished suite cells, reusable pipeline stages and
-# run names stay valid across the upgrade.
-HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], Any] = {
-    ("runtime", "trace"): False, ("algo", "sym_aug"): False, ("algo", "symmetry_coef"): 1.0,
-    ("env", "entry_point"): None, ("env", "imports"): [], ("env", "py_modules"): [], ("env", "mirror"): None,
-    ("algo", "actor_obs"): None, ("algo", "critic_obs"): None,
-    ("budget", "stop_at"): None, ("eval", "info_metrics"): [], ("algo", "plugin"): None,
-}
-
-
 def spec_hash(spec: ExperimentSpec) -> str:
-    """A stable content hash of the resolved spec (defaults included, key order irrelevant; see
-    HASH_NEUTRAL_DEFAULTS)."""
+    """A stable content hash of the resolved spec (defaults included, key order irrelevant). A field
+    outside `hashed_fields` (every knob added since hashes were first written) counts only when it
+    differs from its default, so a new knob never re-keys a finished suite cell or a run name."""
     tree = spec_to_dict(spec)
-    for (section, key), default in HASH_NEUTRAL_DEFAULTS.items():
-        if isinstance(tree.get(section), dict) and tree[section].get(key, default) == default:
-            tree[section].pop(key, None)
+    for section, values in tree.items():
+        if not isinstance(values, dict):
+            continue
+        model = getattr(spec, section)
+        hashed = hashed_fields.ALGORITHMS.get(values.get("name"), frozenset({"name"})) if section == "algo" else (
+            hashed_fields.SECTIONS.get(section, frozenset())
+        )
+        for key in [key for key in values if key not in hashed]:
+            if values[key] == _default(type(model), key):
+                del values[key]
     canonical = json.dumps(tree, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def _default(model: type[BaseModel], key: str) -> Any:
+    """A field's default in the form `spec_to_dict` writes values (JSON: tuples as lists, models as dicts)."""
+    default = model.model_fields[key].get_default(call_default_factory=True)
+    return TypeAdapter(model.model_fields[key].annotation).dump_python(default, mode="json")
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
