@@ -18,7 +18,7 @@ import torch
 from aa_ray import cli
 from aa_ray.data import dataset as ds
 from aa_ray.data.dataset import DatasetError, DatasetMeta, read_dataset, write_dataset
-from aa_ray.data.rollout import policy_from_checkpoint
+from aa_ray.data.rollout import policy_from_checkpoint, rollout
 from aa_ray.records import Transitions
 from aa_ray.runtime.checkpoint import save_checkpoint
 from aa_ray.runtime.env_runner import EnvRunner
@@ -360,6 +360,22 @@ def local_ray():
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+def test_a_checkpoint_rolls_out_inline_with_no_ray_started(tmp_path: Path) -> None:
+    """`runtime.backend: inline`: the rollout's runners are plain objects in this process (an actor
+    graph without learners), acting deterministically with the checkpoint's weights."""
+    spec = load_spec(SPECS / "rlpd.yaml", ["runtime.backend=inline", "runners.num_runners=2"])
+    learner = Learner(spec, 10, 2)
+    save_checkpoint(tmp_path / "ckpt", spec, {"learner": learner.state_dict()})
+    summary = rollout(spec, tmp_path / "inline.parquet", 3, checkpoint=tmp_path / "ckpt", deterministic=True,
+                      report=lambda line: None)
+    assert not ray.is_initialized()
+    arrays = read_dataset(tmp_path / "inline.parquet", expect_env_id=PUSHER).read_all()
+    assert summary["episodes"] == 3 and sorted(set(arrays[ds.EPS_ID].tolist())) == [0, 1, 2]
+    with torch.no_grad():
+        expected = learner.algo.policy.act(arrays[ds.OBS], deterministic=True)
+    np.testing.assert_allclose(arrays[ds.ACTIONS], expected, atol=1e-6)
 
 
 @pytest.mark.usefixtures("local_ray")

@@ -32,11 +32,11 @@ FORBIDDEN: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
 
 # The only modules that may import Ray (at module level or inside a function): the cluster helpers
 # that make the Ray actor shells, the driver and its loops and waits (lazily: an inline run imports
-# no Ray), the metrics exporter (lazily, a no-op without Ray), the rollout driver, Tune and the
-# command line. The actor graph and the inline shells (`runtime/inline.py`) are not among them.
+# no Ray), the metrics exporter (lazily, a no-op without Ray), Tune and the command line. The actor
+# graph, the inline shells (`runtime/inline.py`) and the rollout driver (it drives an actor graph)
+# are not among them.
 RAY_ALLOWED = (
     "aa_ray.cli",
-    "aa_ray.data.rollout",
     "aa_ray.runtime.cluster",
     "aa_ray.runtime.loops",
     "aa_ray.runtime.metrics",

@@ -86,7 +86,7 @@ def dataset_meta(spec: ExperimentSpec, producer: str) -> DatasetMeta:
 
 
 def rollout_bundles(spec: ExperimentSpec) -> list[dict[str, float]]:
-    return [{"CPU": spec.runners.cpus_per_runner}] * spec.runners.num_runners
+    return spec.bundles(learning=False)
 
 
 def rollout(
@@ -100,15 +100,15 @@ def rollout(
     report: Callable[[str], None] = _report,
 ) -> dict[str, Any]:
     """Write `episodes` episodes of the spec's env to the dataset `out`. Everything that can be
-    checked is checked before Ray starts (SpecError, CheckpointError, RolloutError). Returns a
-    summary: path, episodes, transitions, mean_return, producer, and `mean_<name>` for each task
-    metric the env reports (mean_success from is_success; `aa_ray.envs.info_metrics`)."""
-    import ray
-
+    checked is checked before any actor starts (SpecError, CheckpointError, RolloutError). The
+    runners are an `ActorGraph` without learners: Ray actors, or with `runtime.backend: inline` plain
+    objects in this process. Returns a summary: path, episodes, transitions, mean_return, producer,
+    and `mean_<name>` for each task metric the env reports (mean_success from is_success;
+    `aa_ray.envs.info_metrics`)."""
     from aa_ray.envs import env_dims
     from aa_ray.envs.info_metrics import metric_name
     from aa_ray.runtime import cluster
-    from aa_ray.runtime.env_runner import EnvRunner
+    from aa_ray.runtime.graph import ActorGraph
     from aa_ray.runtime.remote import get_results
 
     if episodes < 1:
@@ -117,7 +117,7 @@ def rollout(
         raise RolloutError(f"--out {out} is a folder; pass the path of the .parquet file to write")
     if scripted == (checkpoint is not None):
         raise RolloutError("roll out either a checkpoint's policy or the scripted controller (exactly one)")
-    env_dims(spec)  # SpecError for an env that cannot be made or used
+    obs, act_dim = env_dims(spec)  # SpecError for an env that cannot be made or used
     policy_state = None
     if scripted:
         check_scripted(spec)
@@ -127,20 +127,14 @@ def rollout(
         producer = str(Path(checkpoint).resolve())
     meta = dataset_meta(spec, producer)
 
-    started_ray = cluster.connect(spec)
-    runners: list[Any] = []
-    owns_group = False
+    started_ray = spec.runtime.backend == "ray" and cluster.connect(spec)
+    graph: ActorGraph | None = None
     try:
-        group, offset, owns_group = cluster.placement(spec, rollout_bundles(spec))
-        runners = [
-            ray.remote(EnvRunner)
-            .options(num_cpus=spec.runners.cpus_per_runner, scheduling_strategy=cluster.in_bundle(group, offset + i))
-            .remote(spec, i)
-            for i in range(spec.runners.num_runners)
-        ]
+        graph = ActorGraph(spec, obs, act_dim, learning=False)
+        graph.start()
+        runners = graph.runners
         if policy_state is not None:
-            state_ref = ray.put(policy_state)
-            get_results([r.set_weights.remote(state_ref, 0) for r in runners])
+            graph.load_runner_weights(policy_state)
 
         per_call = max(spec.runners.envs_per_runner, math.ceil(episodes / (len(runners) * ROUNDS)))
         next_id = 0
@@ -183,9 +177,6 @@ def rollout(
         summary |= {f"mean_{metric_name(key)}": float(np.mean(values)) for key, values in infos.items()}
         return summary
     finally:
-        for runner in runners:
-            ray.kill(runner)
-        if owns_group:
-            ray.util.remove_placement_group(group)
-        if started_ray:
-            ray.shutdown()
+        if graph is not None:
+            graph.close()
+        cluster.disconnect(started_ray)

@@ -183,8 +183,8 @@ class RayActors:
     placement group, which creating this reserves (inside a Tune trial: takes the trial's, see
     `placement`). The other backend is `aa_ray.runtime.inline.InlineActors`."""
 
-    def __init__(self, spec: ExperimentSpec):
-        self.group, self.bundle_offset, self.owns_group = placement(spec)
+    def __init__(self, spec: ExperimentSpec, learning: bool = True):
+        self.group, self.bundle_offset, self.owns_group = placement(spec, spec.bundles(learning))
 
     def start(self, cls: type, *args: Any, bundle: int, num_cpus: float, num_gpus: float = 0.0, **kwargs: Any) -> Any:
         """`ray.remote(cls)` started in its bundle with `cls(*args, **kwargs)`: the actor's handle."""

@@ -49,10 +49,10 @@ class RunnerRestart(NamedTuple):
     restarts: int  # the run's runner restarts so far, this one included
 
 
-def actor_backend(spec: ExperimentSpec) -> RayActors | InlineActors:
+def actor_backend(spec: ExperimentSpec, learning: bool = True) -> RayActors | InlineActors:
     """What makes the run's actors: Ray actors in a placement group (which this reserves), or
     `runtime.backend: inline`'s plain objects in this process."""
-    return InlineActors() if spec.runtime.backend == "inline" else RayActors(spec)
+    return InlineActors() if spec.runtime.backend == "inline" else RayActors(spec, learning)
 
 
 class ActorGraph:
@@ -60,10 +60,14 @@ class ActorGraph:
     group (inside a Tune trial: takes the trial's; inline: none); `start` makes the actors, `close`
     ends both."""
 
-    def __init__(self, spec: ExperimentSpec, obs: ObsDims, act_dim: int, prior_path: Path | None = None):
-        self.spec = spec
+    def __init__(
+        self, spec: ExperimentSpec, obs: ObsDims, act_dim: int, prior_path: Path | None = None, learning: bool = True
+    ):
+        """`learning=False`: runners only (a rollout with given weights), in bundles of their own."""
+        self.spec, self.learning = spec, learning
         self.obs, self.act_dim, self.prior_path = obs, act_dim, prior_path
-        self.actors = actor_backend(spec)
+        self.actors = actor_backend(spec, learning)
+        self.first_runner_bundle = spec.learners.num_learners if learning else 0
         self.learners: list[Any] = []
         self.runners: list[Any] = []
         self.replay: Any | None = None  # on-policy algorithms learn from fresh rollouts only
@@ -79,6 +83,10 @@ class ActorGraph:
         """Start every actor in its bundle; several learners join one process group; the replay
         actor loads the RLPD dataset."""
         spec = self.spec
+        if not self.learning:
+            self.runners = [self._make_runner(index) for index in range(spec.runners.num_runners)]
+            self._check_runner_envs()
+            return
         self.learners = [
             self.actors.start(
                 Learner, spec, self.obs, self.act_dim, rank,
@@ -119,7 +127,7 @@ class ActorGraph:
     def _make_runner(self, index: int, incarnation: int = 0) -> Any:
         return self.actors.start(
             EnvRunner, self.spec, index, incarnation,
-            bundle=self.spec.learners.num_learners + index, num_cpus=self.spec.runners.cpus_per_runner,
+            bundle=self.first_runner_bundle + index, num_cpus=self.spec.runners.cpus_per_runner,
         )
 
     def kill(self) -> None:
@@ -210,6 +218,11 @@ class ActorGraph:
             self.pending_stats.append(NormMoments(self.prior_info["obs"], return_moments([])))
 
     # ---- weights and updates ---------------------------------------------------------------------
+    def load_runner_weights(self, state: dict[str, Any]) -> None:
+        """Give every runner these policy weights (a checkpoint's, for a rollout: no learner here)."""
+        self.weights = (state, 0)
+        get_results([runner.set_weights.remote(state, 0) for runner in self.runners])
+
     def request_weights(self) -> tuple[Any, Any]:
         """Refs of learner 0's (policy state, version), queued behind its updates so far."""
         return self.learners[0].policy_state.options(num_returns=2).remote()

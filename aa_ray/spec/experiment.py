@@ -369,12 +369,14 @@ class ExperimentSpec(SpecModel):
     def transitions_per_fleet_step(self) -> int:
         return self.runners.num_runners * self.runners.envs_per_runner
 
-    def bundles(self) -> list[dict[str, float]]:
+    def bundles(self, learning: bool = True) -> list[dict[str, float]]:
         """Placement-group bundles: learners first, then runners, then the replay actor (if the
-        algorithm's family has one)."""
+        algorithm's family has one); the runners alone when the run does not learn (a rollout)."""
+        runners = [{"CPU": self.runners.cpus_per_runner}] * self.runners.num_runners
+        if not learning:
+            return runners
         learner = {"CPU": self.learners.cpus_per_learner}
         if self.learners.gpus_per_learner > 0:
             learner["GPU"] = self.learners.gpus_per_learner
-        runner = {"CPU": self.runners.cpus_per_runner}
-        bundles = [learner] * self.learners.num_learners + [runner] * self.runners.num_runners
+        bundles = [learner] * self.learners.num_learners + runners
         return [*bundles, {"CPU": self.runtime.replay_cpus}] if self.algo.replay_actor else bundles
