@@ -187,6 +187,8 @@ class Policy:
         samples as the policy explores."""
         import torch
 
+        from aa_ray.nets.policy import to_bounds
+
         if isinstance(obs, Mapping):
             missing = [key for key in self.obs_keys if key not in obs]
             if not self.obs_keys or missing:
@@ -204,8 +206,7 @@ class Policy:
                 actions = self.bounded(torch.from_numpy(batch)).numpy()
             else:
                 unit = self.network.act(batch, deterministic=False, generator=self.generator)
-                low, high = self.bounded.low.numpy(), self.bounded.high.numpy()
-                actions = low + 0.5 * (unit + 1.0) * (high - low)
+                actions = to_bounds(unit, self.bounded.low.numpy(), self.bounded.high.numpy())
         return actions[0] if single else actions
 
     def evaluate(self, episodes: int | None = None, video: str | Path | None = None) -> dict[str, float]:

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from aa_ray import ddp
-from aa_ray.nets.mlp import LOG_STD_MAX, LOG_STD_MIN, EnsembleLinear
+from aa_ray.nets.mlp import EnsembleLinear, bounded_log_std
 
 
 class RenormSettings(NamedTuple):
@@ -80,8 +80,7 @@ class RenormActor(nn.Module):
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         mean, raw_log_std = self.net(obs).chunk(2, dim=-1)
-        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(raw_log_std) + 1)
-        return mean, log_std
+        return mean, bounded_log_std(raw_log_std)
 
 
 class RenormEnsembleQ(nn.Module):

@@ -22,6 +22,12 @@ def mlp(in_dim: int, hidden_dims: Sequence[int], out_dim: int) -> nn.Sequential:
     return nn.Sequential(*layers, nn.Linear(in_dim, out_dim))
 
 
+def bounded_log_std(raw_log_std: Tensor, low: float = LOG_STD_MIN, high: float = LOG_STD_MAX) -> Tensor:
+    """A Gaussian head's log-std squashed into [low, high]: tanh keeps it bounded with a gradient
+    everywhere (a clamp has none outside)."""
+    return low + 0.5 * (high - low) * (torch.tanh(raw_log_std) + 1)
+
+
 class MLPActor(nn.Module):
     """Gaussian head over a ReLU MLP: returns the pre-tanh mean and a bounded log-std."""
 
@@ -31,9 +37,7 @@ class MLPActor(nn.Module):
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         mean, raw_log_std = self.net(obs).chunk(2, dim=-1)
-        # tanh squashing keeps the log-std bounded with a gradient everywhere (a clamp has none outside)
-        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(raw_log_std) + 1)
-        return mean, log_std
+        return mean, bounded_log_std(raw_log_std)
 
 
 def ensemble_matmul(x: Tensor, weight: Tensor) -> Tensor:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from aa_ray import ddp
+
+Array = TypeVar("Array", np.ndarray, Tensor)
 
 
 class ObsDims(NamedTuple):
@@ -79,6 +81,12 @@ class ObsNormalizer(nn.Module):
         return ((obs - mean) / torch.sqrt(var + self.eps)).clamp(-self.clip, self.clip)
 
 
+def to_bounds(unit: Array, low: Array, high: Array) -> Array:
+    """Policy actions in [-1, 1] mapped onto an env's bounds (numpy or torch): what runners, the
+    API and exported policies send the env (replay and datasets keep the [-1, 1] ones)."""
+    return low + 0.5 * (unit + 1.0) * (high - low)
+
+
 def actor_input(obs_norm: ObsNormalizer, obs: Tensor, features: int) -> Tensor:
     """What an actor reads of raw observations (..., full or actor features): the leading `features`,
     normalized."""
@@ -141,4 +149,4 @@ class BoundedPolicy(nn.Module):
         self.register_buffer("high", torch.as_tensor(high, dtype=torch.float32))
 
     def forward(self, obs: Tensor) -> Tensor:
-        return self.low + 0.5 * (self.policy.deterministic_action(obs) + 1.0) * (self.high - self.low)
+        return to_bounds(self.policy.deterministic_action(obs), self.low, self.high)

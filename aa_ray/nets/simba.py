@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aa_ray.nets.mlp import ensemble_matmul
+from aa_ray.nets.mlp import bounded_log_std, ensemble_matmul
 
 __all__ = [
     "EnsembleHyperDense",
@@ -324,9 +324,7 @@ class SimbaV2Actor(nn.Module):
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         z = self.encoder(obs)
         mean = self.mean_head(z)
-        raw = torch.tanh(self.log_std_head(z))
-        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (raw + 1.0)
-        return mean, log_std
+        return mean, bounded_log_std(self.log_std_head(z), LOG_STD_MIN, LOG_STD_MAX)
 
 
 class SimbaV2Critic(nn.Module):

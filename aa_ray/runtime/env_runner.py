@@ -20,7 +20,7 @@ from aa_ray.data import dataset as ds
 from aa_ray.data.scripted import scripted_controllers
 from aa_ray.envs import RENDER_BACKEND_ERRORS, make_env, make_vector_env, vector_obs_dims
 from aa_ray.envs.info_metrics import final_info, metric_name, tracked_info_keys
-from aa_ray.nets.policy import ObsDims
+from aa_ray.nets.policy import ObsDims, to_bounds
 from aa_ray.records import (
     ChunkStats,
     EpisodeStats,
@@ -161,7 +161,7 @@ class EnvRunner:
 
     def to_env_action(self, action: np.ndarray) -> np.ndarray:
         """Map policy actions in [-1, 1] onto the env's bounds (replay keeps the [-1, 1] ones)."""
-        return self.act_low + 0.5 * (action + 1.0) * (self.act_high - self.act_low)
+        return to_bounds(action, self.act_low, self.act_high)
 
     def sample(self, num_steps: int, random_actions: bool) -> tuple[Transitions, ChunkStats]:
         """Step every env `num_steps` times. Returns (transitions, stats); stats include the moments
