@@ -613,7 +613,7 @@ def run_train(args: argparse.Namespace, clock: Clock, results: Results, deadline
             clock.log(f"train: {summary['status']}")
             return
         wall = time.perf_counter() - start
-    updates = trainer.last_metrics.get(m.LEARNER_CRITIC_UPDATES, 0.0)
+    updates = trainer.last_metrics.get(m.LEARNER_GRADIENT_UPDATES, 0.0)  # sac_simba: one per critic step
     evals = result.get("evals") or []
     summary |= {
         "status": "ok",

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from aa_ray.algos.registry import build_algorithm
 from aa_ray.data import dataset as ds
 from aa_ray.data.dataset import DatasetError, DatasetMeta, read_dataset, write_dataset
+from aa_ray.records import Transitions
 from aa_ray.runtime.checkpoint import (
     REPLAY_FILE,
     STATE_FILE,
@@ -45,14 +46,14 @@ def checkpoint_state(spec=SPEC, obs_dim: int = OBS_DIM, act_dim: int = ACT_DIM, 
     """What a training run writes, made from the real pieces: learner, replay, runner, counters."""
     replay = ReplayBuffer(1000, obs_dim, act_dim, seed=0)
     rng = np.random.default_rng(0)
-    replay.add({
-        "obs": rng.normal(size=(rows, obs_dim)).astype(np.float32),
-        "action": rng.uniform(-1, 1, (rows, act_dim)).astype(np.float32),
-        "reward": rng.normal(size=rows).astype(np.float32),
-        "next_obs": rng.normal(size=(rows, obs_dim)).astype(np.float32),
-        "terminated": np.zeros(rows, np.float32), "truncated": np.zeros(rows, np.float32),
-        "discount": np.full(rows, 0.99, np.float32),
-    })
+    replay.add(Transitions(
+        obs=rng.normal(size=(rows, obs_dim)).astype(np.float32),
+        action=rng.uniform(-1, 1, (rows, act_dim)).astype(np.float32),
+        reward=rng.normal(size=rows).astype(np.float32),
+        next_obs=rng.normal(size=(rows, obs_dim)).astype(np.float32),
+        terminated=np.zeros(rows, np.float32), truncated=np.zeros(rows, np.float32),
+        discount=np.full(rows, 0.99, np.float32),
+    ))
     state = {
         "counters": {"env_steps": rows, "iterations": 30, "episodes": 6, "next_eval": 1000},
         "learner": Learner(spec, obs_dim, act_dim).state_dict(),

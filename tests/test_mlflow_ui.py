@@ -24,7 +24,8 @@ import pytest
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from aa_ray.spec.loader import SpecError, load_spec
+from aa_ray.errors import UserError
+from aa_ray.spec.loader import load_spec
 from aa_ray.tracking.mlflow_tracker import (
     EXPERIMENT_KIND_TAG,
     MODEL_TRAINING,
@@ -61,7 +62,7 @@ def test_a_store_that_cannot_be_used_is_one_paragraph_naming_the_uri(tmp_path: P
     message = str(caught.value)
     assert f"MLflow tracking URI {uri!r}" in message and "MLFLOW_TRACKING_URI" in message and "--no-track" in message
     assert "\n" not in message and "AttributeError" not in message
-    assert isinstance(caught.value, SpecError)  # what the commands print as one paragraph
+    assert isinstance(caught.value, UserError)  # what the commands print as one paragraph
     assert caught.value.__cause__ is not None  # the store's own error, for a developer
 
 

@@ -24,7 +24,7 @@ from a KL target as in rsl_rl. Deliberate choices:
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
@@ -36,10 +36,12 @@ from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.config import LearningRates, OnPolicyKnobs
 from aa_ray.algos.contract import Health, RunShape
 from aa_ray.algos.training import LinearLRSchedule, RewardNormalizer, count_skip_, fused_adam, step_if_
-from aa_ray.envs.symmetry import Mirror
 from aa_ray.nets.actor_critic import GaussianActorCritic
 from aa_ray.nets.policy import ObsDims
 from aa_ray.records import Rollout
+
+if TYPE_CHECKING:  # for the type only: importing aa_ray.envs loads MuJoCo, which validating a spec must not need
+    from aa_ray.envs.symmetry import Mirror
 
 
 class PPOConfig(OnPolicyKnobs, LearningRates):
