@@ -12,9 +12,9 @@ it computed before DDP existed):
 - `global_mean`, `global_mean_std`: statistics over every learner's rows (PPO).
 - `batch_moments(x)`: a batch's mean and variance over every learner's rows, differentiable
   (batch normalization: L learners normalize by the global batch's statistics, as one would).
-- `randn_shard(shape)`: training noise. Every learner draws the *global* batch's noise from the
-  same seeded generator and keeps its rows, so L learners see the noise one learner would see and
-  their random streams stay in lockstep.
+- `randn_shard(shape, generator)`: training noise. Every learner draws the *global* batch's noise
+  from its own generator, seeded alike on every rank, and keeps its rows, so L learners see the
+  noise one learner would see and their generators stay in lockstep.
 """
 
 from __future__ import annotations
@@ -67,13 +67,14 @@ def average_grads_(params: Iterable[Tensor]) -> None:
             p.grad /= size
 
 
-def randn_shard(shape: torch.Size | tuple[int, ...], device: torch.device, dtype: torch.dtype) -> Tensor:
-    """Standard normal noise for this learner's rows of the global batch (first dim = batch)."""
+def randn_shard(shape: torch.Size | tuple[int, ...], generator: torch.Generator, dtype: torch.dtype) -> Tensor:
+    """Standard normal noise for this learner's rows of the global batch (first dim = batch), drawn
+    from `generator` on its device."""
     rank, size = rank_and_size()
     if size == 1:
-        return torch.randn(shape, device=device, dtype=dtype)
+        return torch.randn(shape, generator=generator, device=generator.device, dtype=dtype)
     rows = shape[0]
-    full = torch.randn((rows * size, *shape[1:]), device=device, dtype=dtype)
+    full = torch.randn((rows * size, *shape[1:]), generator=generator, device=generator.device, dtype=dtype)
     return full[rank * rows : (rank + 1) * rows]
 
 

@@ -49,7 +49,8 @@ def config(name: str, **extra):
 
 def build(name: str, seed: int = 0, planned_steps: int = 100, **extra):
     torch.manual_seed(seed)
-    return build_algorithm(config(name, **extra), OBS_DIM, ACT_DIM, CPU, planned_steps)
+    generator = torch.Generator().manual_seed(seed)
+    return build_algorithm(config(name, **extra), OBS_DIM, ACT_DIM, CPU, planned_steps, generator)
 
 
 def off_policy_batch(utd: int = 2, seed: int = 0) -> Batch:
@@ -102,6 +103,19 @@ def test_update_returns_tensor_diagnostics_and_health_counts(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_updates_draw_from_the_given_generator_only(name: str) -> None:
+    """Every random draw of an update (sampled actions, target noise, dropout masks, minibatch order)
+    comes from the generator the algorithm was built with: torch's global generator is untouched,
+    and the generator moved on."""
+    algo = build(name)
+    merge_some_stats(algo)
+    global_state, given_state = torch.get_rng_state(), algo.generator.get_state()
+    algo.update(data_for(name))
+    assert torch.equal(torch.get_rng_state(), global_state)
+    assert not torch.equal(algo.generator.get_state(), given_state)
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_state_dict_round_trips_into_a_fresh_instance(name: str) -> None:
     """A fresh instance (other initial weights) that loads the state of one that has learned makes
     the same next update, number for number, given the same random stream."""
@@ -113,9 +127,9 @@ def test_state_dict_round_trips_into_a_fresh_instance(name: str) -> None:
     assert any(not torch.equal(a, b) for a, b in before)
     fresh.load_state_dict(copy.deepcopy(algo.state_dict()))
 
-    torch.manual_seed(3)
+    algo.generator.manual_seed(3)  # the learner checkpoints its generator; here both are given one stream
     expected = diagnostics_to_floats(algo.update(data_for(name, seed=2)))
-    torch.manual_seed(3)
+    fresh.generator.manual_seed(3)
     actual = diagnostics_to_floats(fresh.update(data_for(name, seed=2)))
     assert actual.keys() == expected.keys()
     for key, value in expected.items():
@@ -139,8 +153,9 @@ def critic_values(algo, batch: Batch) -> torch.Tensor:
     with torch.no_grad():
         obs = algo.policy.obs_norm(batch.obs)
         if isinstance(algo, CrossQ):  # its step normalizes [(s, a); (s', a')] as one batch: the same a' noise
-            with torch.random.fork_rng(), evaluating(algo.policy):
-                next_action, _ = algo.policy(batch.next_obs)
+            same_noise = torch.Generator().set_state(algo.generator.get_state())
+            with evaluating(algo.policy):
+                next_action, _ = algo.policy(batch.next_obs, same_noise)
             critic = copy.deepcopy(algo.critic)  # the forward moves the running statistics
             next_obs = algo.policy.obs_norm(batch.next_obs)
             return critic(torch.cat([obs, next_obs]), torch.cat([batch.action, next_action]))[:, : len(obs)]
@@ -240,7 +255,8 @@ def test_format2_checkpoints_load_into_todays_algorithms(name: str) -> None:
     spec_raw["algo"] = migrate_old_knobs(spec_raw["algo"])
     spec = validate_spec(spec_raw)
     payload = torch.load(FIXTURES / name / "state.pt", weights_only=True)
-    algo = build_algorithm(spec.algo, 10, 2, CPU, 100)  # aa_ray/PusherReach-v0: 10 obs dims, 2 actions
+    # aa_ray/PusherReach-v0: 10 obs dims, 2 actions
+    algo = build_algorithm(spec.algo, 10, 2, CPU, 100, torch.Generator())
     algo.load_state_dict(payload["learner"]["algo"])
     saved = payload["learner"]["algo"]["policy"]
     assert all(torch.equal(saved[key], value) for key, value in algo.policy_state().items())

@@ -71,7 +71,7 @@ def good_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def resume_check(folder: Path, spec=SPEC) -> object:
     """What `aa-ray run --resume` checks before Ray starts."""
-    algorithm = build_algorithm(spec.algo, OBS_DIM, ACT_DIM, torch.device("cpu"), 100)
+    algorithm = build_algorithm(spec.algo, OBS_DIM, ACT_DIM, torch.device("cpu"), 100, torch.Generator())
     return verify_resume(load_checkpoint(folder), spec, algorithm, OBS_DIM, ACT_DIM)
 
 

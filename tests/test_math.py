@@ -14,10 +14,10 @@ from aa_ray.nets.policy import ObsNormalizer, squashed_gaussian_sample
 def test_squashed_gaussian_log_prob_matches_torch_distributions() -> None:
     torch.manual_seed(0)
     mean, log_std = torch.randn(64, 3), torch.randn(64, 3).clamp(-2, 1)
-    generator = torch.Generator().manual_seed(1)
-    action, log_prob = squashed_gaussian_sample(mean, log_std, generator)
-    # same noise, in float64, through torch's own tanh-transformed Normal
-    noise = torch.randn(mean.shape, generator=torch.Generator().manual_seed(1)).double()
+    noise = torch.randn(mean.shape, generator=torch.Generator().manual_seed(1))
+    action, log_prob = squashed_gaussian_sample(mean, log_std, noise)
+    # the same noise, in float64, through torch's own tanh-transformed Normal
+    noise = noise.double()
     base = Normal(mean.double(), log_std.double().exp())
     pre_tanh = base.loc + base.scale * noise
     expected = TransformedDistribution(base, [TanhTransform(cache_size=1)]).log_prob(torch.tanh(pre_tanh)).sum(-1)

@@ -84,3 +84,20 @@ def test_replay_samples_from_the_replay_stream_of_the_spec_seed() -> None:
 
     assert sampled_rows(0) == sampled_rows(0) != sampled_rows(1)
     assert sampled_rows(0) == seeding.replay_rng(0).integers(0, 1000, size=(2, 16)).astype(float).ravel().tolist()
+
+
+def test_a_learner_seeds_its_own_generator_and_leaves_torchs_alone() -> None:
+    """Building learners draws their initial weights from the spec's seed without moving torch's
+    global generator (the inline backend runs them beside the driver and the runners); their noise
+    comes from a generator of their own, which their checkpoint carries."""
+    from aa_ray.runtime.learner import Learner
+
+    global_state = torch.get_rng_state()
+    first, second, other = (Learner(pendulum_spec(seed), 3, 1) for seed in (0, 0, 1))
+    assert torch.equal(torch.get_rng_state(), global_state)
+    assert torch.equal(first.parameters_vector(), second.parameters_vector())
+    assert not torch.equal(first.parameters_vector(), other.parameters_vector())
+    assert torch.equal(first.generator.get_state(), second.generator.get_state())
+    first.generator.manual_seed(123)
+    second.load_state_dict(first.state_dict())
+    assert torch.equal(second.generator.get_state(), first.generator.get_state())

@@ -38,8 +38,11 @@ class Health(NamedTuple):
 
 
 class Algorithm(Protocol):
-    """Built as `cls(config, obs, act_dim, device, planned_steps)` (`obs`: an `ObsDims`); `planned_steps` is the
-    number of fleet steps the run will learn from (for learning-rate schedules)."""
+    """Built as `cls(config, obs, act_dim, device, planned_steps, generator)` (`obs`: an `ObsDims`);
+    `planned_steps` is the number of fleet steps the run will learn from (for learning-rate schedules);
+    `generator` (a `torch.Generator` on `device`, checkpointed by the learner) is where every random
+    draw of the update comes from: sampled actions, dropout masks, minibatch order. The initial
+    weights are drawn from torch's generator, which the learner seeds for the construction only."""
 
     def update(self, batch: Any) -> dict[str, Tensor]:
         """Learn from one unit of data and return its diagnostics as tensors (read by the caller

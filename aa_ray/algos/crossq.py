@@ -70,8 +70,11 @@ def make_policy(cfg: CrossQConfig, obs: ObsDims, act_dim: int) -> SquashedGaussi
 
 
 class CrossQ(Bookkeeping):
-    def __init__(self, cfg: CrossQConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int = 0):
-        self.cfg = cfg
+    def __init__(
+        self, cfg: CrossQConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int,
+        generator: torch.Generator,
+    ):
+        self.cfg, self.generator = cfg, generator
         self.policy = make_policy(cfg, obs, act_dim).to(device)
         self.critic = RenormEnsembleQ(obs.full, act_dim, cfg.critic_hidden_dims, cfg.renorm()).to(device)
         self.log_alpha, self.target_entropy = sac_family.temperature(cfg, act_dim, device)
@@ -104,7 +107,7 @@ class CrossQ(Bookkeeping):
         """SAC's actor and temperature step, the critics judging with their running statistics."""
         with evaluating(self.critic):
             return sac_family.update_actor_and_temperature(
-                b.obs, self.policy, self.policy_ddp, self.critic, lambda q: q, self.actor_step,
+                b.obs, self.policy, self.policy_ddp, self.generator, self.critic, lambda q: q, self.actor_step,
                 self.log_alpha, self.alpha_step, self.target_entropy, self.cfg,
             )
 
@@ -113,7 +116,7 @@ class CrossQ(Bookkeeping):
         obs, next_obs = self.policy.obs_norm(b.obs), self.policy.obs_norm(b.next_obs)
         alpha = self.log_alpha.detach().exp()
         with torch.no_grad(), evaluating(self.policy):
-            next_action, next_log_prob = self.policy(b.next_obs)
+            next_action, next_log_prob = self.policy(b.next_obs, self.generator)
         with autocast(obs.device, cfg.precision):
             # one forward of [(s, a); (s', a')]: batch renormalization sees both in one batch
             q_both = self.critic_ddp(torch.cat([obs, next_obs]), torch.cat([b.action, next_action]))  # (2, 2B)

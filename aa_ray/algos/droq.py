@@ -21,7 +21,7 @@ from torch import Tensor
 from aa_ray.algos import config, sac_family
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.training import RewardNormalizer
-from aa_ray.nets.mlp import EnsembleQ
+from aa_ray.nets.mlp import EnsembleQ, SeededDropout
 from aa_ray.nets.policy import ObsDims
 from aa_ray.records import Batch
 
@@ -41,12 +41,16 @@ make_policy = sac_family.mlp_policy  # the acting module env runners load
 
 
 class DroQ(Bookkeeping):
-    def __init__(self, cfg: DroQConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int = 0):
+    def __init__(
+        self, cfg: DroQConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int,
+        generator: torch.Generator,
+    ):
         critic = EnsembleQ(
-            obs.full, act_dim, cfg.critic_hidden_dims, 2, layer_norm=cfg.layer_norm, dropout=cfg.dropout_rate
+            obs.full, act_dim, cfg.critic_hidden_dims, 2, layer_norm=cfg.layer_norm,
+            dropout=SeededDropout(cfg.dropout_rate, generator),
         )
         sac_family.assemble_(
-            self, cfg, act_dim, device, planned_steps, policy=make_policy(cfg, obs, act_dim), critic=critic,
+            self, cfg, act_dim, device, planned_steps, generator, policy=make_policy(cfg, obs, act_dim), critic=critic,
             reward_norm=RewardNormalizer(cfg.normalize_reward),
         )
 

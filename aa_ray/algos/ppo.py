@@ -169,12 +169,12 @@ def explained_variance(prediction: Tensor, target: Tensor) -> Tensor:
 
 class PPO(Bookkeeping):
     def __init__(
-        self, cfg: PPOConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int = 0,
-        mirror: Mirror | None = None,
+        self, cfg: PPOConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int,
+        generator: torch.Generator, mirror: Mirror | None = None,
     ):
         if cfg.sym_aug and mirror is None:
             raise ValueError("algo.sym_aug: PPO needs the env's mirror (aa_ray.envs.symmetry.sym_aug_mirror)")
-        self.cfg, self.device = cfg, device
+        self.cfg, self.device, self.generator = cfg, device, generator
         self.mirror = mirror if cfg.sym_aug else None
         self.policy = make_policy(cfg, obs, act_dim).to(device)
         self.reward_norm = RewardNormalizer(cfg.normalize_reward).to(device)
@@ -212,7 +212,9 @@ class PPO(Bookkeeping):
         totals: dict[str, Tensor] = {}
         self.largest_value = torch.zeros((), device=self.device)
         for _ in range(cfg.ppo_epochs):
-            for index in torch.randperm(len(action), device=self.device).chunk(cfg.num_minibatches):
+            for index in torch.randperm(len(action), generator=self.generator, device=self.device).chunk(
+                cfg.num_minibatches
+            ):
                 info = self.update_minibatch(*(column[index] for column in rows))
                 if cfg.desired_kl is not None:
                     group = self.optimizer.param_groups[0]

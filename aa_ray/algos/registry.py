@@ -97,10 +97,11 @@ def registered(cfg: Any) -> Registered:
 
 
 def build_algorithm(cfg: Any, obs: ObsDims | int, act_dim: int, device: torch.device, planned_steps: int,
-                    **family_args: Any) -> Any:
-    """`family_args`: what the algorithm's family adds (the on-policy family's `mirror`, with
-    `algo.sym_aug`: an on-policy algorithm mirrors its own minibatches)."""
-    return registered(cfg).algorithm(cfg, ObsDims.of(obs), act_dim, device, planned_steps, **family_args)
+                    generator: torch.Generator, **family_args: Any) -> Any:
+    """`generator` (on `device`): where the algorithm draws all its training noise (sampled actions,
+    dropout, minibatch order). `family_args`: what the algorithm's family adds (the on-policy family's
+    `mirror`, with `algo.sym_aug`: an on-policy algorithm mirrors its own minibatches)."""
+    return registered(cfg).algorithm(cfg, ObsDims.of(obs), act_dim, device, planned_steps, generator, **family_args)
 
 
 def build_policy(cfg: Any, obs: ObsDims | int, act_dim: int) -> nn.Module:

@@ -38,9 +38,12 @@ make_policy = sac_family.mlp_policy  # the acting module env runners load
 
 
 class SAC(Bookkeeping):
-    def __init__(self, cfg: SACConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int = 0):
+    def __init__(
+        self, cfg: SACConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int,
+        generator: torch.Generator,
+    ):
         sac_family.assemble_(
-            self, cfg, act_dim, device, planned_steps, policy=make_policy(cfg, obs, act_dim),
+            self, cfg, act_dim, device, planned_steps, generator, policy=make_policy(cfg, obs, act_dim),
             critic=EnsembleQ(obs.full, act_dim, cfg.critic_hidden_dims, 2, layer_norm=cfg.layer_norm),
             value=MLPValue(obs.full, cfg.critic_hidden_dims) if cfg.learn_v else None,
             reward_norm=RewardNormalizer(cfg.normalize_reward),

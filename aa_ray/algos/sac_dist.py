@@ -41,9 +41,12 @@ make_policy = sac_family.mlp_policy  # the acting module env runners load
 
 
 class SACDist(Bookkeeping):
-    def __init__(self, cfg: SACDistConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int = 0):
+    def __init__(
+        self, cfg: SACDistConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int,
+        generator: torch.Generator,
+    ):
         sac_family.assemble_(
-            self, cfg, act_dim, device, planned_steps, policy=make_policy(cfg, obs, act_dim),
+            self, cfg, act_dim, device, planned_steps, generator, policy=make_policy(cfg, obs, act_dim),
             critic=EnsembleCategoricalQ(
                 obs.full, act_dim, cfg.critic_hidden_dims, cfg.num_atoms, num_critics=2, layer_norm=cfg.layer_norm
             ),
@@ -58,11 +61,12 @@ class SACDist(Bookkeeping):
         for i in range(batch.num_batches):
             x = sac_family.prepare(batch.at(i), self.policy, self.reward_norm)
             info, q = sac_family.update_categorical_critics(
-                x, alpha, self.policy, self.critics, self.support, self.reward_norm.scale(), self.cfg
+                x, alpha, self.policy, self.generator, self.critics, self.support, self.reward_norm.scale(), self.cfg
             )
         info |= sac_family.update_actor_and_temperature(
-            batch.at(-1).obs, self.policy, self.policy_ddp, self.critic, partial(expected_value, support=self.support),
-            self.actor_step, self.log_alpha, self.alpha_step, self.target_entropy, self.cfg,
+            batch.at(-1).obs, self.policy, self.policy_ddp, self.generator, self.critic,
+            partial(expected_value, support=self.support), self.actor_step, self.log_alpha, self.alpha_step,
+            self.target_entropy, self.cfg,
         )
         self.largest_value = q.abs().max()
         info[m.ACTOR_LR] = self.schedule.current_lr()

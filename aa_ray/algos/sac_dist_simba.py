@@ -44,11 +44,12 @@ make_policy = sac_family.simba_policy  # the acting module env runners load
 
 class SACDistSimba(Bookkeeping):
     def __init__(
-        self, cfg: SACDistSimbaConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int = 0
+        self, cfg: SACDistSimbaConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int,
+        generator: torch.Generator,
     ):
         # every step of a hyperspherical network ends with its weights projected back onto the sphere
         sac_family.assemble_(
-            self, cfg, act_dim, device, planned_steps, policy=make_policy(cfg, obs, act_dim),
+            self, cfg, act_dim, device, planned_steps, generator, policy=make_policy(cfg, obs, act_dim),
             critic=SimbaV2CategoricalCritic(
                 obs.full, act_dim, cfg.critic_hidden_dim, cfg.critic_num_blocks, cfg.num_atoms
             ),
@@ -60,14 +61,15 @@ class SACDistSimba(Bookkeeping):
         """SimbaV2's order: actor (on the critics' expected Q) and temperature on the first batch, then
         `batch.num_batches` critic steps, each followed by the target update; then the lrs decay a step."""
         info = sac_family.update_actor_and_temperature(
-            batch.at(0).obs, self.policy, self.policy_ddp, self.critic, partial(expected_value, support=self.support),
-            self.actor_step, self.log_alpha, self.alpha_step, self.target_entropy, self.cfg,
+            batch.at(0).obs, self.policy, self.policy_ddp, self.generator, self.critic,
+            partial(expected_value, support=self.support), self.actor_step, self.log_alpha, self.alpha_step,
+            self.target_entropy, self.cfg,
         ) | {m.ACTOR_LR: self.schedule.current_lr()}
         alpha = self.log_alpha.detach().exp()
         for i in range(batch.num_batches):
             critic_info, q = sac_family.update_categorical_critics(
-                sac_family.prepare(batch.at(i), self.policy, self.reward_norm), alpha, self.policy, self.critics,
-                self.support, self.reward_norm.scale(), self.cfg,
+                sac_family.prepare(batch.at(i), self.policy, self.reward_norm), alpha, self.policy, self.generator,
+                self.critics, self.support, self.reward_norm.scale(), self.cfg,
             )
         self.schedule.advance()
         self.largest_value = q.abs().max()

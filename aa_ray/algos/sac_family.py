@@ -70,8 +70,8 @@ def simba_policy(cfg: Any, obs: ObsDims, act_dim: int) -> SquashedGaussianPolicy
 
 
 def assemble_(
-    algo: Any, cfg: Any, act_dim: int, device: torch.device, planned_steps: int, *, policy: SquashedGaussianPolicy,
-    critic: nn.Module, reward_norm: RewardNormalizer, value: nn.Module | None = None,
+    algo: Any, cfg: Any, act_dim: int, device: torch.device, planned_steps: int, generator: torch.Generator, *,
+    policy: SquashedGaussianPolicy, critic: nn.Module, reward_norm: RewardNormalizer, value: nn.Module | None = None,
     project: Callable[[nn.Module, Tensor], None] | None = None,
 ) -> None:
     """Give `algo` what every SAC-family variant holds, built around the networks it made (in the
@@ -80,9 +80,10 @@ def assemble_(
     gradient step for each (`project(module, taken)` after every step of a network, for SimbaV2's
     hyperspherical weights), one lr `schedule` over them all, and `policy_ddp` and `critics` (with
     several learners DDP averages the online modules' gradients; targets and normalizers stay plain)."""
-    algo.cfg = cfg
+    algo.cfg, algo.generator = cfg, generator
     algo.policy, algo.critic = policy.to(device), critic.to(device)
-    algo.critic_target = copy.deepcopy(algo.critic).requires_grad_(False)
+    # the target draws DroQ's dropout masks from the same generator, not from a copy of it
+    algo.critic_target = copy.deepcopy(algo.critic, memo={id(generator): generator}).requires_grad_(False)
     algo.value = value.to(device) if value is not None else None
     algo.log_alpha, algo.target_entropy = temperature(cfg, act_dim, device)
     algo.reward_norm = reward_norm.to(device)
@@ -125,11 +126,11 @@ def critics_then_actor(algo: Any, batch: Batch) -> dict[str, Tensor]:
     alpha = algo.log_alpha.detach().exp()
     for i in range(batch.num_batches):
         info, q = update_scalar_critics(
-            prepare(batch.at(i), algo.policy, algo.reward_norm), alpha, algo.policy, algo.critics,
+            prepare(batch.at(i), algo.policy, algo.reward_norm), alpha, algo.policy, algo.generator, algo.critics,
             algo.reward_norm.scale(), algo.cfg,
         )
     info |= update_actor_and_temperature(
-        batch.at(-1).obs, algo.policy, algo.policy_ddp, algo.critic, lambda q: q, algo.actor_step,
+        batch.at(-1).obs, algo.policy, algo.policy_ddp, algo.generator, algo.critic, lambda q: q, algo.actor_step,
         algo.log_alpha, algo.alpha_step, algo.target_entropy, algo.cfg,
     )
     algo.largest_value = q.abs().max()
@@ -178,13 +179,13 @@ class Critics(NamedTuple):
 
 
 def update_value(
-    x: Prepared, alpha: Tensor, policy: SquashedGaussianPolicy, critics: Critics, cfg
+    x: Prepared, alpha: Tensor, policy: SquashedGaussianPolicy, generator: torch.Generator, critics: Critics, cfg
 ) -> dict[str, Tensor]:
     """BAC: V(s) regresses on an upper expectile of min Q'(s, a_replay) - alpha log pi(a~|s), the
     value of the best actions the buffer has seen rather than the current policy's."""
     with autocast(x.obs.device, cfg.precision):
         with torch.no_grad():
-            _, log_prob = policy(x.raw.obs)
+            _, log_prob = policy(x.raw.obs, generator)
             target = soft_value_target(critics.target(x.obs, x.raw.action), log_prob, alpha)
         v = critics.value_ddp(x.obs)
     v_loss = expectile_loss(v, target, cfg.v_quantile)
@@ -195,15 +196,16 @@ def update_value(
 
 
 def update_scalar_critics(
-    x: Prepared, alpha: Tensor, policy: SquashedGaussianPolicy, critics: Critics, reward_scale: Tensor, cfg
+    x: Prepared, alpha: Tensor, policy: SquashedGaussianPolicy, generator: torch.Generator, critics: Critics,
+    reward_scale: Tensor, cfg,
 ) -> tuple[dict[str, Tensor], Tensor]:
     """One critic step of SAC (BAC's V first, when learned): the soft target from the slow critics
     with clipped double-Q, mixed by BEE with r + bootstrap V(s'), then polyak. Returns the
     diagnostics (RLPD's included) and the online Q values (C, B)."""
-    info = update_value(x, alpha, policy, critics, cfg) if critics.value is not None else {}
+    info = update_value(x, alpha, policy, generator, critics, cfg) if critics.value is not None else {}
     with autocast(x.obs.device, cfg.precision):
         with torch.no_grad():
-            next_action, next_log_prob = policy(x.raw.next_obs)
+            next_action, next_log_prob = policy(x.raw.next_obs, generator)
             next_q = critics.target(x.next_obs, next_action)  # (C, B)
             target = soft_td_target(x.reward, x.bootstrap, next_q, next_log_prob, alpha)
             if critics.value is not None:
@@ -217,15 +219,15 @@ def update_scalar_critics(
 
 
 def update_categorical_critics(
-    x: Prepared, alpha: Tensor, policy: SquashedGaussianPolicy, critics: Critics, support: Tensor,
-    reward_scale: Tensor, cfg,
+    x: Prepared, alpha: Tensor, policy: SquashedGaussianPolicy, generator: torch.Generator, critics: Critics,
+    support: Tensor, reward_scale: Tensor, cfg,
 ) -> tuple[dict[str, Tensor], Tensor]:
     """One critic step of distributional SAC: the pessimistic target critic's distribution of
     r + bootstrap (Z' - alpha log pi) projected on the support, cross-entropy, then polyak.
     Returns the diagnostics (RLPD's on E[Z]) and the online expected Q values (C, B)."""
     with autocast(x.obs.device, cfg.precision):
         with torch.no_grad():
-            next_action, next_log_prob = policy(x.raw.next_obs)
+            next_action, next_log_prob = policy(x.raw.next_obs, generator)
             next_logits = critics.target(x.next_obs, next_action)
             target_probs, next_probs, shifted_reward = categorical_soft_target(
                 next_logits, x.reward, x.bootstrap, next_log_prob, alpha, support
@@ -245,6 +247,7 @@ def update_actor_and_temperature(
     obs: Tensor,
     policy: SquashedGaussianPolicy,
     policy_ddp: nn.Module,
+    generator: torch.Generator,  # the learner's: the actions' noise
     critic: nn.Module,
     score: Callable[[Tensor], Tensor],  # critic output -> Q values (C, B)
     actor_step: GradientStep,
@@ -257,7 +260,7 @@ def update_actor_and_temperature(
     judge the action), then the temperature step toward the target entropy."""
     alpha = log_alpha.detach().exp()
     with autocast(obs.device, cfg.precision):
-        action, log_prob = policy_ddp(obs)
+        action, log_prob = policy_ddp(obs, generator)
         with frozen(critic):
             q = score(critic(policy.obs_norm(obs), action))
     actor_loss = sac_actor_loss(log_prob, q, alpha)

@@ -72,8 +72,11 @@ def make_policy(cfg: TD3Config, obs: ObsDims, act_dim: int) -> DeterministicPoli
 
 
 class TD3(Bookkeeping):
-    def __init__(self, cfg: TD3Config, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int = 0):
-        self.cfg = cfg
+    def __init__(
+        self, cfg: TD3Config, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int,
+        generator: torch.Generator,
+    ):
+        self.cfg, self.generator = cfg, generator
         self.policy = make_policy(cfg, obs, act_dim).to(device)
         self.actor_target = copy.deepcopy(self.policy.actor).requires_grad_(False)
         self.critic = EnsembleQ(obs.full, act_dim, cfg.critic_hidden_dims, 2, layer_norm=cfg.layer_norm).to(device)
@@ -110,7 +113,7 @@ class TD3(Bookkeeping):
             # target from the slow actor with smoothing noise and the slow critics' min (clipped double-Q)
             with torch.no_grad():
                 next_action = torch.tanh(self.actor_target(next_obs[..., : self.policy.actor_features])).float()
-                noise = ddp.randn_shard(next_action.shape, next_action.device, next_action.dtype) * cfg.target_noise
+                noise = ddp.randn_shard(next_action.shape, self.generator, next_action.dtype) * cfg.target_noise
                 next_action = smoothed_target_action(next_action, noise, cfg.target_noise_clip)
                 target = reward + bootstrap * self.critic_target(next_obs, next_action).min(dim=0).values.float()
             q = self.critic_ddp(obs, b.action)  # (2, batch)

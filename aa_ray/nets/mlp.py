@@ -80,15 +80,30 @@ class EnsembleLayerNorm(nn.Module):
         return nn.functional.layer_norm(x, x.shape[-1:]) * self.weight + self.bias
 
 
+class SeededDropout(nn.Module):
+    """Dropout whose masks come from `generator` (nn.Dropout draws from torch's global one): a
+    learner's dropout masks follow from its seed and resume with its checkpointed generator."""
+
+    def __init__(self, p: float, generator: torch.Generator):
+        super().__init__()
+        self.p, self.generator = p, generator
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training:
+            return x
+        keep = torch.empty_like(x).bernoulli_(1.0 - self.p, generator=self.generator)
+        return x * keep / (1.0 - self.p)
+
+
 class EnsembleMLP(nn.Module):
     """`num_members` ReLU MLPs of the same widths as one batched ensemble, (members, batch, in) ->
     (members, batch, out). `layer_norm` adds LayerNorm after each hidden layer, which RLPD found
     keeps Q values bounded when training on offline data the policy never visits; `dropout` drops
-    each hidden unit with that probability in training mode, before the LayerNorm (DroQ)."""
+    each hidden unit in training mode, before the LayerNorm (DroQ)."""
 
     def __init__(
         self, in_dim: int, hidden_dims: Sequence[int], out_dim: int, num_members: int, layer_norm: bool = False,
-        dropout: float = 0.0,
+        dropout: SeededDropout | None = None,
     ):
         super().__init__()
         dims = [in_dim, *hidden_dims, out_dim]
@@ -98,7 +113,7 @@ class EnsembleMLP(nn.Module):
         self.norms = nn.ModuleList(
             EnsembleLayerNorm(num_members, width) if layer_norm else nn.Identity() for width in hidden_dims
         )
-        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.dropout = dropout or nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
         for layer, norm in zip(self.layers[:-1], self.norms, strict=True):
@@ -111,7 +126,7 @@ class EnsembleQ(EnsembleMLP):
 
     def __init__(
         self, obs_dim: int, act_dim: int, hidden_dims: Sequence[int], num_critics: int = 2, layer_norm: bool = False,
-        dropout: float = 0.0,
+        dropout: SeededDropout | None = None,
     ):
         super().__init__(obs_dim + act_dim, hidden_dims, 1, num_critics, layer_norm, dropout)
         self.num_critics = num_critics

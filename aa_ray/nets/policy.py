@@ -93,15 +93,10 @@ def actor_input(obs_norm: ObsNormalizer, obs: Tensor, features: int) -> Tensor:
     return obs_norm(obs[..., :features])
 
 
-def squashed_gaussian_sample(
-    mean: Tensor, log_std: Tensor, generator: torch.Generator | None = None
-) -> tuple[Tensor, Tensor]:
-    """Reparameterised tanh-Gaussian sample and its log-probability, summed over action dims."""
+def squashed_gaussian_sample(mean: Tensor, log_std: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+    """Reparameterised tanh-Gaussian sample for standard normal `noise`, and its log-probability,
+    summed over action dims."""
     std = log_std.exp()
-    if generator is None:  # training: this learner's rows of the global batch's noise
-        noise = ddp.randn_shard(mean.shape, mean.device, mean.dtype)
-    else:
-        noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
     pre_tanh = mean + std * noise
     action = torch.tanh(pre_tanh)
     gaussian_log_prob = -0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)
@@ -120,10 +115,11 @@ class SquashedGaussianPolicy(nn.Module):
         self.actor = actor
         self.actor_features = obs.actor  # a plain number: the weights a checkpoint holds do not change
 
-    def forward(self, obs: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        """A sampled action and its log-prob, for training (obs are raw)."""
+    def forward(self, obs: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """A sampled action and its log-prob, for training (obs are raw): the noise is this learner's
+        rows of the global batch's, drawn from the learner's `generator`."""
         mean, log_std = self.actor(actor_input(self.obs_norm, obs, self.actor_features))
-        return squashed_gaussian_sample(mean, log_std, generator)
+        return squashed_gaussian_sample(mean, log_std, ddp.randn_shard(mean.shape, generator, mean.dtype))
 
     def deterministic_action(self, obs: Tensor) -> Tensor:
         """The squashed mean in [-1, 1], for raw observations (evaluation, exported policies)."""
@@ -135,7 +131,8 @@ class SquashedGaussianPolicy(nn.Module):
         if deterministic:
             return self.deterministic_action(obs_t).numpy()
         mean, log_std = self.actor(actor_input(self.obs_norm, obs_t, self.actor_features))
-        return squashed_gaussian_sample(mean, log_std, generator)[0].numpy()
+        noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype)
+        return squashed_gaussian_sample(mean, log_std, noise)[0].numpy()
 
 
 class BoundedPolicy(nn.Module):

@@ -55,10 +55,11 @@ class OffPolicy:
     merge_moments_first = True  # the normalizers take the new data's moments, then stay frozen during the updates
 
     def build(
-        self, cfg: Any, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int, mirror: Mirror | None
+        self, cfg: Any, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int,
+        generator: torch.Generator, mirror: Mirror | None,
     ) -> Algorithm:
         # the learner mirrors the replay batches (`learn`): the algorithm never sees the mirror
-        return build_algorithm(cfg, obs, act_dim, device, planned_steps)
+        return build_algorithm(cfg, obs, act_dim, device, planned_steps, generator)
 
     def learn(self, learner: LearnerView, cfg: Any, data: Sequence[ReplaySample | Transitions]) -> Learned:
         (sample,) = data
@@ -87,9 +88,10 @@ class OnPolicy:
     merge_moments_first = False  # after the update, which sees the observations as the acting policy did
 
     def build(
-        self, cfg: Any, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int, mirror: Mirror | None
+        self, cfg: Any, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int,
+        generator: torch.Generator, mirror: Mirror | None,
     ) -> Algorithm:
-        return build_algorithm(cfg, obs, act_dim, device, planned_steps, mirror=mirror)
+        return build_algorithm(cfg, obs, act_dim, device, planned_steps, generator, mirror=mirror)
 
     def learn(self, learner: LearnerView, cfg: Any, data: Sequence[RolloutChunk]) -> Learned:
         rollout = RolloutChunk.side_by_side(data)

@@ -8,11 +8,11 @@ driver's process, driven by the same `ActorGraph` and loops as Ray actors, with 
 as its value, and `remote.get_results` / `get_or_failure` read them without Ray.
 
 Why this gives the Ray backend's sync-mode numbers exactly: Ray runs each actor's calls in the
-order they were submitted, and running every call when it is submitted keeps that order. What
-the actors' separate processes kept apart, each shell keeps apart: its own torch global random
-generator (a learner seeds it, an env runner's policy initialisation draws from it) and its own
-torch thread count, swapped in around each of its calls. CUDA's generators need no swapping: only
-the learner uses the GPU, and inline has one learner.
+order they were submitted, and running every call when it is submitted keeps that order. The
+actors draw their random numbers from generators of their own (the learner's, each runner's), so
+sharing one process changes none of them. What the actors' separate processes still kept apart,
+each shell keeps apart: its torch thread count (`learners.torch_threads`, `runners.torch_threads`),
+a setting of the whole process, swapped in around each of its calls.
 
 Results are handed on by reference, not copied through an object store; that is safe because
 the plain classes return fresh objects (policy weights are copies) and take copies of what they
@@ -39,10 +39,9 @@ class InlineActor:
     into from a debugger or a notebook)."""
 
     def __init__(self, cls: type, *args: Any, **kwargs: Any):
-        self._torch_rng = torch.Generator().get_state()  # a generator of its own, as in a process of its own
         self._torch_threads = torch.get_num_threads()
         try:
-            with self._own_torch_state():
+            with self._own_threads():
                 self.instance = cls(*args, **kwargs)
         except Exception as err:
             raise TrainingError(f"{cls.__name__} could not start: {type(err).__name__}: {err}") from err
@@ -62,22 +61,20 @@ class InlineActor:
         args = tuple(_value(given) for given in args)
         kwargs = {key: _value(given) for key, given in kwargs.items()}
         try:
-            with self._own_torch_state():
+            with self._own_threads():
                 return Ready(getattr(self.instance, method)(*args, **kwargs), call=where)
         except Exception as err:
             return Ready(error=err, call=where)
 
     @contextmanager
-    def _own_torch_state(self) -> Iterator[None]:
-        """This actor's torch generator and thread count for the duration of one call."""
-        driver_rng, driver_threads = torch.get_rng_state(), torch.get_num_threads()
-        torch.set_rng_state(self._torch_rng)
+    def _own_threads(self) -> Iterator[None]:
+        """This actor's torch thread count for the duration of one call (its constructor sets it)."""
+        driver_threads = torch.get_num_threads()
         torch.set_num_threads(self._torch_threads)
         try:
             yield
         finally:
-            self._torch_rng, self._torch_threads = torch.get_rng_state(), torch.get_num_threads()
-            torch.set_rng_state(driver_rng)
+            self._torch_threads = torch.get_num_threads()
             torch.set_num_threads(driver_threads)
 
 

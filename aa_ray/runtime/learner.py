@@ -18,6 +18,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -66,16 +67,27 @@ def planned_fleet_steps(spec: ExperimentSpec) -> int:
     return spec.budget.env_steps // spec.transitions_per_fleet_step
 
 
+@contextmanager
+def matmul_precision(device: torch.device, precision: str) -> Iterator[None]:
+    """`learners.matmul_precision` on CUDA ("high": TF32 matmuls and convolutions, else full fp32)
+    for the learner's own work: the switches are process-wide, so they are put back after it."""
+    if device.type != "cuda":
+        yield
+        return
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "high"
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 class Learner:
     def __init__(self, spec: ExperimentSpec, obs_dim: ObsDims | int, act_dim: int, rank: int = 0):
         torch.set_num_threads(spec.learners.torch_threads)
         self.spec, self.obs, self.act_dim = spec, ObsDims.of(obs_dim), act_dim
         self.rank, self.world_size = rank, spec.learners.num_learners
         self.device = learner_device(spec)
-        if self.device.type == "cuda":  # TF32 matmuls and convolutions, or full fp32
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = (
-                spec.learners.matmul_precision == "high"
-            )
         self.compiled = compiles(spec, self.device)
         self.compile_checked = not self.compiled  # the first compiled update is guarded (`_eager_if_compiling_fails`)
         self.feed = DeviceFeed(self.device)
@@ -84,6 +96,7 @@ class Learner:
         self.weights_version = 0
         self.gradient_updates = 0  # every update the algorithm made (critic and actor steps alike count once)
         self.algo: Algorithm | None = None  # built once this learner is in its process group
+        self.generator = torch.Generator(self.device)  # every random draw of the updates (seeded in `_build`)
         self.store: dist.TCPStore | None = None  # rank 0 serves the process group's rendezvous
         self.metrics = RunMetrics(run_tag(spec), rank=rank)
         if self.world_size == 1:
@@ -119,14 +132,18 @@ class Learner:
         self._copy_rank0_state()
 
     def _build(self) -> None:
-        # the same seed on every rank: their sampling noise stays in lockstep
-        torch.manual_seed(seeding.learner_seed(self.spec.seed))
-        self.algo = self.family.build(
-            self.spec.algo, self.obs, self.act_dim, self.device, planned_fleet_steps(self.spec), self.mirror
-        )
+        # the same seed on every rank: their noise stays in lockstep (ddp.randn_shard)
+        seed = seeding.learner_seed(self.spec.seed)
+        self.generator.manual_seed(seed)
+        # torch.nn draws initial weights from torch's own generator: seeded for the construction only,
+        # and left as it was after it (other objects may share this process: the inline backend)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.algo = self.family.build(
+                self.spec.algo, self.obs, self.act_dim, self.device, planned_fleet_steps(self.spec), self.generator,
+                self.mirror,
+            )
         if self.compiled:
-            # compiled sampling noise draws from torch's generator as eager does, so the two match
-            torch._inductor.config.fallback_random = True
             self.algo.compile(self.device)
 
     def _copy_rank0_state(self) -> None:
@@ -145,7 +162,8 @@ class Learner:
         `RolloutChunk` on-policy. `norm_stats` are the runners' moments of the data collected since
         the last call; every rank merges the same list, so the normalizers agree. They are merged
         before or after the updates as the family says (`merge_moments_first`)."""
-        return self._eager_if_compiling_fails(lambda: self._update(norm_stats, data))
+        with matmul_precision(self.device, self.spec.learners.matmul_precision):
+            return self._eager_if_compiling_fails(lambda: self._update(norm_stats, data))
 
     def _update(self, norm_stats: Sequence[NormMoments], data: tuple[Any, ...]) -> LearnerReport:
         start, received = time.perf_counter(), time.time()
@@ -216,7 +234,7 @@ class Learner:
             "algo": _to_cpu(self.algo.state_dict()),
             "weights_version": self.weights_version,
             "gradient_updates": self.gradient_updates,
-            "torch_rng": torch.get_rng_state(),
+            "noise_generator": self.generator.get_state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -228,7 +246,10 @@ class Learner:
         self.weights_version = int(state["weights_version"])
         # checkpoints written before the families named the count critic_updates
         self.gradient_updates = int(state.get("gradient_updates", state.get("critic_updates")))
-        torch.set_rng_state(state["torch_rng"])
+        if "noise_generator" in state:
+            self.generator.set_state(state["noise_generator"])
+        elif self.device.type == "cpu":  # written when the updates drew from torch's global generator
+            self.generator.set_state(state["torch_rng"])
 
     def parameters_vector(self) -> torch.Tensor:
         """Every trained and target tensor of the model, flattened (to compare learners)."""

@@ -277,8 +277,10 @@ class Trainer:
     def _check_resume(self, obs: ObsDims, act_dim: int) -> Any:
         """Check the checkpoint's learner state and replay file against the spec before any actor
         starts (CheckpointError naming the file otherwise); returns the replay table, if it has one."""
-        algorithm = family_of(self.spec).build(self.spec.algo, obs, act_dim, torch.device("cpu"),
-                                               planned_fleet_steps(self.spec), sym_aug_mirror(self.spec, obs, act_dim))
+        algorithm = family_of(self.spec).build(
+            self.spec.algo, obs, act_dim, torch.device("cpu"), planned_fleet_steps(self.spec), torch.Generator(),
+            sym_aug_mirror(self.spec, obs, act_dim),
+        )
         return verify_resume(self.resume, self.spec, algorithm, obs.full, act_dim)
 
     def _start_tracking(self) -> None:

@@ -36,9 +36,10 @@ def make_policy(cfg: FixedAlphaSACConfig, obs: ObsDims, act_dim: int) -> Squashe
 
 class FixedAlphaSAC(Bookkeeping):
     def __init__(
-        self, cfg: FixedAlphaSACConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int = 0
+        self, cfg: FixedAlphaSACConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int,
+        generator: torch.Generator,
     ):
-        self.cfg = cfg
+        self.cfg, self.generator = cfg, generator  # the learner's: every random draw of the update
         self.policy = make_policy(cfg, obs, act_dim).to(device)
         self.critic = EnsembleQ(obs.full, act_dim, cfg.critic_hidden_dims, 2).to(device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
@@ -53,7 +54,7 @@ class FixedAlphaSAC(Bookkeeping):
             b = batch.at(i)
             obs, next_obs = self.policy.obs_norm(b.obs), self.policy.obs_norm(b.next_obs)
             with torch.no_grad():
-                next_action, next_log_prob = self.policy(b.next_obs)
+                next_action, next_log_prob = self.policy(b.next_obs, self.generator)
                 target = soft_td_target(
                     self.reward_norm(b.reward), bootstrap_factor(b.discount, b.terminated),
                     self.critic_target(next_obs, next_action), next_log_prob, self.alpha,
@@ -63,7 +64,7 @@ class FixedAlphaSAC(Bookkeeping):
             self.critic_step(q_loss)
             polyak_update_(self.critic, self.critic_target, self.cfg.tau)
         last = batch.at(-1).obs
-        action, log_prob = self.policy(last)
+        action, log_prob = self.policy(last, self.generator)
         with frozen(self.critic):
             actor_loss = sac_actor_loss(log_prob, self.critic(self.policy.obs_norm(last), action), self.alpha)
         self.actor_step(actor_loss)
