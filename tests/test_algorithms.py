@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from aa_ray.algos.contract import Health, diagnostics_to_floats
+from aa_ray.algos.contract import Health, TrainingSetup, diagnostics_to_floats
 from aa_ray.algos.crossq import CrossQ
 from aa_ray.algos.registry import ALGORITHMS, build_algorithm, migrate_old_knobs
 from aa_ray.algos.training import evaluating
@@ -49,8 +49,8 @@ def config(name: str, **extra):
 
 def build(name: str, seed: int = 0, planned_steps: int = 100, **extra):
     torch.manual_seed(seed)
-    generator = torch.Generator().manual_seed(seed)
-    return build_algorithm(config(name, **extra), OBS_DIM, ACT_DIM, CPU, planned_steps, generator)
+    setup = TrainingSetup(CPU, planned_steps, torch.Generator().manual_seed(seed))
+    return build_algorithm(config(name, **extra), OBS_DIM, ACT_DIM, setup)
 
 
 def off_policy_batch(utd: int = 2, seed: int = 0) -> Batch:
@@ -256,7 +256,7 @@ def test_format2_checkpoints_load_into_todays_algorithms(name: str) -> None:
     spec = validate_spec(spec_raw)
     payload = torch.load(FIXTURES / name / "state.pt", weights_only=True)
     # aa_ray/PusherReach-v0: 10 obs dims, 2 actions
-    algo = build_algorithm(spec.algo, 10, 2, CPU, 100, torch.Generator())
+    algo = build_algorithm(spec.algo, 10, 2, TrainingSetup(CPU, 100, torch.Generator()))
     algo.load_state_dict(payload["learner"]["algo"])
     saved = payload["learner"]["algo"]["policy"]
     assert all(torch.equal(saved[key], value) for key, value in algo.policy_state().items())

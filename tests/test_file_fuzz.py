@@ -16,6 +16,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from aa_ray.algos.contract import TrainingSetup
 from aa_ray.algos.registry import build_algorithm
 from aa_ray.data import dataset as ds
 from aa_ray.data.dataset import DatasetError, DatasetMeta, read_dataset, write_dataset
@@ -71,7 +72,7 @@ def good_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def resume_check(folder: Path, spec=SPEC) -> object:
     """What `aa-ray run --resume` checks before Ray starts."""
-    algorithm = build_algorithm(spec.algo, OBS_DIM, ACT_DIM, torch.device("cpu"), 100, torch.Generator())
+    algorithm = build_algorithm(spec.algo, OBS_DIM, ACT_DIM, TrainingSetup(torch.device("cpu"), 100, torch.Generator()))
     return verify_resume(load_checkpoint(folder), spec, algorithm, OBS_DIM, ACT_DIM)
 
 

@@ -37,12 +37,19 @@ class Health(NamedTuple):
     largest_value: Tensor  # the largest |value| the critic predicted in the last update (explosion check)
 
 
+class TrainingSetup(NamedTuple):
+    """What the learner gives an algorithm besides its config and the env's dims."""
+
+    device: torch.device
+    planned_steps: int  # the fleet steps the run will learn from (learning-rate schedules)
+    # on `device`, checkpointed by the learner: every random draw of the updates (sampled actions,
+    # dropout masks, minibatch order). Initial weights come from torch's generator, which the learner
+    # seeds for the construction only.
+    generator: torch.Generator
+
+
 class Algorithm(Protocol):
-    """Built as `cls(config, obs, act_dim, device, planned_steps, generator)` (`obs`: an `ObsDims`);
-    `planned_steps` is the number of fleet steps the run will learn from (for learning-rate schedules);
-    `generator` (a `torch.Generator` on `device`, checkpointed by the learner) is where every random
-    draw of the update comes from: sampled actions, dropout masks, minibatch order. The initial
-    weights are drawn from torch's generator, which the learner seeds for the construction only."""
+    """Built as `cls(config, obs, act_dim, setup)` (`obs`: an `ObsDims`, `setup`: a `TrainingSetup`)."""
 
     def update(self, batch: Any) -> dict[str, Tensor]:
         """Learn from one unit of data and return its diagnostics as tensors (read by the caller

@@ -27,6 +27,7 @@ from aa_ray import ddp
 from aa_ray import metric_names as m
 from aa_ray.algos import config, sac_family
 from aa_ray.algos.bookkeeping import Bookkeeping
+from aa_ray.algos.contract import TrainingSetup
 from aa_ray.algos.losses import bootstrap_factor, critic_diagnostics, rlpd_diagnostics, soft_td_target, td_loss
 from aa_ray.algos.training import (
     GradientStep,
@@ -70,11 +71,8 @@ def make_policy(cfg: CrossQConfig, obs: ObsDims, act_dim: int) -> SquashedGaussi
 
 
 class CrossQ(Bookkeeping):
-    def __init__(
-        self, cfg: CrossQConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int,
-        generator: torch.Generator,
-    ):
-        self.cfg, self.generator = cfg, generator
+    def __init__(self, cfg: CrossQConfig, obs: ObsDims, act_dim: int, setup: TrainingSetup):
+        self.cfg, self.generator, device = cfg, setup.generator, setup.device
         self.policy = make_policy(cfg, obs, act_dim).to(device)
         self.critic = RenormEnsembleQ(obs.full, act_dim, cfg.critic_hidden_dims, cfg.renorm()).to(device)
         self.log_alpha, self.target_entropy = sac_family.temperature(cfg, act_dim, device)
@@ -87,7 +85,7 @@ class CrossQ(Bookkeeping):
         self.critic_step = step(adam(self.critic.parameters(), cfg.critic_lr))
         self.alpha_step = step(adam([self.log_alpha], cfg.alpha_lr), average_grads=True)
         groups = every_group(self.actor_step, self.critic_step, self.alpha_step)
-        self.schedule = LinearLRSchedule(groups, cfg.lr_end_fraction, planned_steps)
+        self.schedule = LinearLRSchedule(groups, cfg.lr_end_fraction, setup.planned_steps)
         self.largest_value = torch.zeros(())
 
         # several learners: DDP averages the gradients; batch renormalization takes the global batch's moments

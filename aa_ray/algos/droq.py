@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import torch
 from pydantic import Field, PositiveFloat, PositiveInt
 from torch import Tensor
 
 from aa_ray.algos import config, sac_family
 from aa_ray.algos.bookkeeping import Bookkeeping
+from aa_ray.algos.contract import TrainingSetup
 from aa_ray.algos.training import RewardNormalizer
 from aa_ray.nets.mlp import EnsembleQ, SeededDropout
 from aa_ray.nets.policy import ObsDims
@@ -41,16 +41,13 @@ make_policy = sac_family.mlp_policy  # the acting module env runners load
 
 
 class DroQ(Bookkeeping):
-    def __init__(
-        self, cfg: DroQConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int,
-        generator: torch.Generator,
-    ):
+    def __init__(self, cfg: DroQConfig, obs: ObsDims, act_dim: int, setup: TrainingSetup):
         critic = EnsembleQ(
             obs.full, act_dim, cfg.critic_hidden_dims, 2, layer_norm=cfg.layer_norm,
-            dropout=SeededDropout(cfg.dropout_rate, generator),
+            dropout=SeededDropout(cfg.dropout_rate, setup.generator),
         )
         sac_family.assemble_(
-            self, cfg, act_dim, device, planned_steps, generator, policy=make_policy(cfg, obs, act_dim), critic=critic,
+            self, cfg, act_dim, setup, policy=make_policy(cfg, obs, act_dim), critic=critic,
             reward_norm=RewardNormalizer(cfg.normalize_reward),
         )
 

@@ -34,7 +34,7 @@ from aa_ray import ddp
 from aa_ray import metric_names as m
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.config import LearningRates, OnPolicyKnobs
-from aa_ray.algos.contract import Health, RunShape
+from aa_ray.algos.contract import Health, RunShape, TrainingSetup
 from aa_ray.algos.training import LinearLRSchedule, RewardNormalizer, count_skip_, fused_adam, step_if_
 from aa_ray.nets.actor_critic import GaussianActorCritic
 from aa_ray.nets.policy import ObsDims
@@ -169,12 +169,12 @@ def explained_variance(prediction: Tensor, target: Tensor) -> Tensor:
 
 class PPO(Bookkeeping):
     def __init__(
-        self, cfg: PPOConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int,
-        generator: torch.Generator, mirror: Mirror | None = None,
+        self, cfg: PPOConfig, obs: ObsDims, act_dim: int, setup: TrainingSetup, mirror: Mirror | None = None
     ):
         if cfg.sym_aug and mirror is None:
             raise ValueError("algo.sym_aug: PPO needs the env's mirror (aa_ray.envs.symmetry.sym_aug_mirror)")
-        self.cfg, self.device, self.generator = cfg, device, generator
+        self.cfg, self.device, self.generator = cfg, setup.device, setup.generator
+        device = setup.device
         self.mirror = mirror if cfg.sym_aug else None
         self.policy = make_policy(cfg, obs, act_dim).to(device)
         self.reward_norm = RewardNormalizer(cfg.normalize_reward).to(device)
@@ -184,7 +184,7 @@ class PPO(Bookkeeping):
             {"params": self.policy.critic.parameters(), "lr": cfg.critic_lr},
         ], cfg.actor_lr)
         scheduled = [(self.optimizer, 1)] if cfg.desired_kl is not None else [(self.optimizer, 0), (self.optimizer, 1)]
-        self.schedule = LinearLRSchedule(scheduled, cfg.lr_end_fraction, planned_steps)
+        self.schedule = LinearLRSchedule(scheduled, cfg.lr_end_fraction, setup.planned_steps)
         # several learners: DDP averages the actor's and critic's gradients; the normalizers stay plain
         self.actor_ddp, self.critic_ddp = ddp.wrap(self.policy.actor), ddp.wrap(self.policy.critic)
         # minibatch steps skipped for a non-finite loss or gradient (device counters, see GradientStep)

@@ -15,16 +15,16 @@ import importlib
 from importlib.metadata import entry_points
 from typing import Any, NamedTuple
 
-import torch
 from torch import nn
 
 from aa_ray.algos import crossq, droq, ppo, sac, sac_dist, sac_dist_simba, sac_simba, td3
+from aa_ray.algos.contract import TrainingSetup
 from aa_ray.nets.policy import ObsDims
 
 
 class Registered(NamedTuple):
     config: type  # the pydantic config, discriminated by its `name` literal; its family mixin sets `family`
-    algorithm: type  # built as algorithm(config, obs, act_dim, device, planned_steps); obs: ObsDims
+    algorithm: type  # built as algorithm(config, obs, act_dim, setup); obs: ObsDims, setup: TrainingSetup
     make_policy: Any  # (config, obs, act_dim) -> the acting module env runners load
 
 
@@ -96,12 +96,10 @@ def registered(cfg: Any) -> Registered:
     return ALGORITHMS.get(cfg.name) or _plugins.get(cfg.name) or load_plugin(cfg.plugin)
 
 
-def build_algorithm(cfg: Any, obs: ObsDims | int, act_dim: int, device: torch.device, planned_steps: int,
-                    generator: torch.Generator, **family_args: Any) -> Any:
-    """`generator` (on `device`): where the algorithm draws all its training noise (sampled actions,
-    dropout, minibatch order). `family_args`: what the algorithm's family adds (the on-policy family's
-    `mirror`, with `algo.sym_aug`: an on-policy algorithm mirrors its own minibatches)."""
-    return registered(cfg).algorithm(cfg, ObsDims.of(obs), act_dim, device, planned_steps, generator, **family_args)
+def build_algorithm(cfg: Any, obs: ObsDims | int, act_dim: int, setup: TrainingSetup, **family_args: Any) -> Any:
+    """`family_args`: what the algorithm's family adds (the on-policy family's `mirror`, with
+    `algo.sym_aug`: an on-policy algorithm mirrors its own minibatches)."""
+    return registered(cfg).algorithm(cfg, ObsDims.of(obs), act_dim, setup, **family_args)
 
 
 def build_policy(cfg: Any, obs: ObsDims | int, act_dim: int) -> nn.Module:

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import torch
 from torch import Tensor
 
 from aa_ray.algos import config, sac_family
 from aa_ray.algos.bookkeeping import Bookkeeping
+from aa_ray.algos.contract import TrainingSetup
 from aa_ray.algos.training import RewardNormalizer
 from aa_ray.nets.mlp import EnsembleQ, MLPValue
 from aa_ray.nets.policy import ObsDims
@@ -38,12 +38,9 @@ make_policy = sac_family.mlp_policy  # the acting module env runners load
 
 
 class SAC(Bookkeeping):
-    def __init__(
-        self, cfg: SACConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int,
-        generator: torch.Generator,
-    ):
+    def __init__(self, cfg: SACConfig, obs: ObsDims, act_dim: int, setup: TrainingSetup):
         sac_family.assemble_(
-            self, cfg, act_dim, device, planned_steps, generator, policy=make_policy(cfg, obs, act_dim),
+            self, cfg, act_dim, setup, policy=make_policy(cfg, obs, act_dim),
             critic=EnsembleQ(obs.full, act_dim, cfg.critic_hidden_dims, 2, layer_norm=cfg.layer_norm),
             value=MLPValue(obs.full, cfg.critic_hidden_dims) if cfg.learn_v else None,
             reward_norm=RewardNormalizer(cfg.normalize_reward),

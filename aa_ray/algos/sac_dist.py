@@ -19,12 +19,12 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, Literal
 
-import torch
 from torch import Tensor
 
 from aa_ray import metric_names as m
 from aa_ray.algos import config, sac_family
 from aa_ray.algos.bookkeeping import Bookkeeping
+from aa_ray.algos.contract import TrainingSetup
 from aa_ray.nets.distributional import EnsembleCategoricalQ, expected_value, make_support
 from aa_ray.nets.policy import ObsDims
 from aa_ray.records import Batch
@@ -41,18 +41,15 @@ make_policy = sac_family.mlp_policy  # the acting module env runners load
 
 
 class SACDist(Bookkeeping):
-    def __init__(
-        self, cfg: SACDistConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int,
-        generator: torch.Generator,
-    ):
+    def __init__(self, cfg: SACDistConfig, obs: ObsDims, act_dim: int, setup: TrainingSetup):
         sac_family.assemble_(
-            self, cfg, act_dim, device, planned_steps, generator, policy=make_policy(cfg, obs, act_dim),
+            self, cfg, act_dim, setup, policy=make_policy(cfg, obs, act_dim),
             critic=EnsembleCategoricalQ(
                 obs.full, act_dim, cfg.critic_hidden_dims, cfg.num_atoms, num_critics=2, layer_norm=cfg.layer_norm
             ),
             reward_norm=sac_family.support_reward_normalizer(cfg, cfg.normalize_reward),
         )
-        self.support = make_support(cfg.num_atoms, cfg.v_min, cfg.v_max, device)
+        self.support = make_support(cfg.num_atoms, cfg.v_min, cfg.v_max, setup.device)
 
     def update(self, batch: Batch) -> dict[str, Tensor]:
         """One fleet step: `batch.num_batches` critic steps, then the actor (on the critics' expected Q) and

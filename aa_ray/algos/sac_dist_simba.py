@@ -16,13 +16,13 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, Literal
 
-import torch
 from pydantic import Field
 from torch import Tensor
 
 from aa_ray import metric_names as m
 from aa_ray.algos import config, sac_family
 from aa_ray.algos.bookkeeping import Bookkeeping
+from aa_ray.algos.contract import TrainingSetup
 from aa_ray.nets.distributional import SimbaV2CategoricalCritic, expected_value, make_support
 from aa_ray.nets.policy import ObsDims
 from aa_ray.nets.simba import normalize_weights_
@@ -43,19 +43,16 @@ make_policy = sac_family.simba_policy  # the acting module env runners load
 
 
 class SACDistSimba(Bookkeeping):
-    def __init__(
-        self, cfg: SACDistSimbaConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int,
-        generator: torch.Generator,
-    ):
+    def __init__(self, cfg: SACDistSimbaConfig, obs: ObsDims, act_dim: int, setup: TrainingSetup):
         # every step of a hyperspherical network ends with its weights projected back onto the sphere
         sac_family.assemble_(
-            self, cfg, act_dim, device, planned_steps, generator, policy=make_policy(cfg, obs, act_dim),
+            self, cfg, act_dim, setup, policy=make_policy(cfg, obs, act_dim),
             critic=SimbaV2CategoricalCritic(
                 obs.full, act_dim, cfg.critic_hidden_dim, cfg.critic_num_blocks, cfg.num_atoms
             ),
             reward_norm=sac_family.support_reward_normalizer(cfg, cfg.normalize_reward), project=normalize_weights_,
         )
-        self.support = make_support(cfg.num_atoms, cfg.v_min, cfg.v_max, device)
+        self.support = make_support(cfg.num_atoms, cfg.v_min, cfg.v_max, setup.device)
 
     def update(self, batch: Batch) -> dict[str, Tensor]:
         """SimbaV2's order: actor (on the critics' expected Q) and temperature on the first batch, then

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from aa_ray import ddp
 from aa_ray import metric_names as m
 from aa_ray.algos.config import C51Support, TemperatureKnobs
+from aa_ray.algos.contract import TrainingSetup
 from aa_ray.algos.losses import (
     bee_target,
     bootstrap_factor,
@@ -70,8 +71,8 @@ def simba_policy(cfg: Any, obs: ObsDims, act_dim: int) -> SquashedGaussianPolicy
 
 
 def assemble_(
-    algo: Any, cfg: Any, act_dim: int, device: torch.device, planned_steps: int, generator: torch.Generator, *,
-    policy: SquashedGaussianPolicy, critic: nn.Module, reward_norm: RewardNormalizer, value: nn.Module | None = None,
+    algo: Any, cfg: Any, act_dim: int, setup: TrainingSetup, *, policy: SquashedGaussianPolicy, critic: nn.Module,
+    reward_norm: RewardNormalizer, value: nn.Module | None = None,
     project: Callable[[nn.Module, Tensor], None] | None = None,
 ) -> None:
     """Give `algo` what every SAC-family variant holds, built around the networks it made (in the
@@ -80,7 +81,7 @@ def assemble_(
     gradient step for each (`project(module, taken)` after every step of a network, for SimbaV2's
     hyperspherical weights), one lr `schedule` over them all, and `policy_ddp` and `critics` (with
     several learners DDP averages the online modules' gradients; targets and normalizers stay plain)."""
-    algo.cfg, algo.generator = cfg, generator
+    algo.cfg, algo.generator, device, generator = cfg, setup.generator, setup.device, setup.generator
     algo.policy, algo.critic = policy.to(device), critic.to(device)
     # the target draws DroQ's dropout masks from the same generator, not from a copy of it
     algo.critic_target = copy.deepcopy(algo.critic, memo={id(generator): generator}).requires_grad_(False)
@@ -99,7 +100,7 @@ def assemble_(
                                    average_grads=True)
     algo.value_step = step(algo.value, cfg.critic_lr) if algo.value is not None else None
     steps = every_group(algo.actor_step, algo.critic_step, algo.alpha_step, algo.value_step)
-    algo.schedule = LinearLRSchedule(steps, cfg.lr_end_fraction, planned_steps)
+    algo.schedule = LinearLRSchedule(steps, cfg.lr_end_fraction, setup.planned_steps)
     algo.largest_value = torch.zeros(())
     algo.policy_ddp = ddp.wrap(algo.policy)
     algo.critics = Critics(

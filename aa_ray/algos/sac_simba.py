@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import torch
 from torch import Tensor
 
 from aa_ray import metric_names as m
 from aa_ray.algos import config, sac_family
 from aa_ray.algos.bookkeeping import Bookkeeping
+from aa_ray.algos.contract import TrainingSetup
 from aa_ray.algos.training import RewardNormalizer
 from aa_ray.nets.policy import ObsDims
 from aa_ray.nets.simba import SimbaV2Critic, SimbaV2Value, normalize_weights_
@@ -36,13 +36,10 @@ make_policy = sac_family.simba_policy  # the acting module env runners load
 
 
 class SACSimba(Bookkeeping):
-    def __init__(
-        self, cfg: SACSimbaConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int,
-        generator: torch.Generator,
-    ):
+    def __init__(self, cfg: SACSimbaConfig, obs: ObsDims, act_dim: int, setup: TrainingSetup):
         # every step of a hyperspherical network ends with its weights projected back onto the sphere
         sac_family.assemble_(
-            self, cfg, act_dim, device, planned_steps, generator, policy=make_policy(cfg, obs, act_dim),
+            self, cfg, act_dim, setup, policy=make_policy(cfg, obs, act_dim),
             critic=SimbaV2Critic(obs.full, act_dim, cfg.critic_hidden_dim, cfg.critic_num_blocks),
             value=SimbaV2Value(obs.full, cfg.critic_hidden_dim, cfg.critic_num_blocks) if cfg.learn_v else None,
             reward_norm=RewardNormalizer(cfg.normalize_reward), project=normalize_weights_,

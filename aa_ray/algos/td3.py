@@ -33,6 +33,7 @@ from aa_ray import ddp
 from aa_ray import metric_names as m
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.config import LearningRates, MLPNetworks, OffPolicyKnobs, RLPDKnobs
+from aa_ray.algos.contract import TrainingSetup
 from aa_ray.algos.losses import (
     bootstrap_factor,
     critic_diagnostics,
@@ -72,11 +73,8 @@ def make_policy(cfg: TD3Config, obs: ObsDims, act_dim: int) -> DeterministicPoli
 
 
 class TD3(Bookkeeping):
-    def __init__(
-        self, cfg: TD3Config, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int,
-        generator: torch.Generator,
-    ):
-        self.cfg, self.generator = cfg, generator
+    def __init__(self, cfg: TD3Config, obs: ObsDims, act_dim: int, setup: TrainingSetup):
+        self.cfg, self.generator, device = cfg, setup.generator, setup.device
         self.policy = make_policy(cfg, obs, act_dim).to(device)
         self.actor_target = copy.deepcopy(self.policy.actor).requires_grad_(False)
         self.critic = EnsembleQ(obs.full, act_dim, cfg.critic_hidden_dims, 2, layer_norm=cfg.layer_norm).to(device)
@@ -88,7 +86,7 @@ class TD3(Bookkeeping):
         self.actor_step = step(make_optimizer(self.policy.actor, cfg.optimizer, cfg.actor_lr))
         self.critic_step = step(make_optimizer(self.critic, cfg.optimizer, cfg.critic_lr))
         groups = every_group(self.actor_step, self.critic_step)
-        self.schedule = LinearLRSchedule(groups, cfg.lr_end_fraction, planned_steps)
+        self.schedule = LinearLRSchedule(groups, cfg.lr_end_fraction, setup.planned_steps)
         self.largest_value = torch.zeros(())
 
         # several learners: DDP averages the online modules' gradients; targets and normalizers stay plain

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from aa_ray.algos.contract import Algorithm
+from aa_ray.algos.contract import Algorithm, TrainingSetup
 from aa_ray.algos.registry import build_algorithm
 from aa_ray.envs.symmetry import Mirror, augment
 from aa_ray.nets.policy import ObsDims
@@ -54,12 +54,9 @@ class OffPolicy:
     same_step_reset = False
     merge_moments_first = True  # the normalizers take the new data's moments, then stay frozen during the updates
 
-    def build(
-        self, cfg: Any, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int,
-        generator: torch.Generator, mirror: Mirror | None,
-    ) -> Algorithm:
+    def build(self, cfg: Any, obs: ObsDims, act_dim: int, setup: TrainingSetup, mirror: Mirror | None) -> Algorithm:
         # the learner mirrors the replay batches (`learn`): the algorithm never sees the mirror
-        return build_algorithm(cfg, obs, act_dim, device, planned_steps, generator)
+        return build_algorithm(cfg, obs, act_dim, setup)
 
     def learn(self, learner: LearnerView, cfg: Any, data: Sequence[ReplaySample | Transitions]) -> Learned:
         (sample,) = data
@@ -87,11 +84,8 @@ class OnPolicy:
     same_step_reset = True
     merge_moments_first = False  # after the update, which sees the observations as the acting policy did
 
-    def build(
-        self, cfg: Any, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int,
-        generator: torch.Generator, mirror: Mirror | None,
-    ) -> Algorithm:
-        return build_algorithm(cfg, obs, act_dim, device, planned_steps, generator, mirror=mirror)
+    def build(self, cfg: Any, obs: ObsDims, act_dim: int, setup: TrainingSetup, mirror: Mirror | None) -> Algorithm:
+        return build_algorithm(cfg, obs, act_dim, setup, mirror=mirror)
 
     def learn(self, learner: LearnerView, cfg: Any, data: Sequence[RolloutChunk]) -> Learned:
         rollout = RolloutChunk.side_by_side(data)

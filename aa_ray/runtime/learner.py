@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from aa_ray import metric_names as m
 from aa_ray import seeding
-from aa_ray.algos.contract import Algorithm, diagnostics_to_floats
+from aa_ray.algos.contract import Algorithm, TrainingSetup, diagnostics_to_floats
 from aa_ray.envs.symmetry import sym_aug_mirror
 from aa_ray.nets.policy import ObsDims
 from aa_ray.records import Batch, LearnerReport, NormMoments, ReplaySample, Transitions
@@ -139,10 +139,8 @@ class Learner:
         # and left as it was after it (other objects may share this process: the inline backend)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            self.algo = self.family.build(
-                self.spec.algo, self.obs, self.act_dim, self.device, planned_fleet_steps(self.spec), self.generator,
-                self.mirror,
-            )
+            setup = TrainingSetup(self.device, planned_fleet_steps(self.spec), self.generator)
+            self.algo = self.family.build(self.spec.algo, self.obs, self.act_dim, setup, self.mirror)
         if self.compiled:
             self.algo.compile(self.device)
 

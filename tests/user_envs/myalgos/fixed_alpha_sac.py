@@ -17,6 +17,7 @@ from torch import Tensor
 
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.config import LearningRates, MLPNetworks, OffPolicyKnobs
+from aa_ray.algos.contract import TrainingSetup
 from aa_ray.algos.losses import bootstrap_factor, sac_actor_loss, soft_td_target, td_loss
 from aa_ray.algos.registry import Registered
 from aa_ray.algos.training import GradientStep, RewardNormalizer, frozen, fused_adam, polyak_update_
@@ -35,11 +36,8 @@ def make_policy(cfg: FixedAlphaSACConfig, obs: ObsDims, act_dim: int) -> Squashe
 
 
 class FixedAlphaSAC(Bookkeeping):
-    def __init__(
-        self, cfg: FixedAlphaSACConfig, obs: ObsDims, act_dim: int, device: torch.device, planned_steps: int,
-        generator: torch.Generator,
-    ):
-        self.cfg, self.generator = cfg, generator  # the learner's: every random draw of the update
+    def __init__(self, cfg: FixedAlphaSACConfig, obs: ObsDims, act_dim: int, setup: TrainingSetup):
+        self.cfg, self.generator, device = cfg, setup.generator, setup.device
         self.policy = make_policy(cfg, obs, act_dim).to(device)
         self.critic = EnsembleQ(obs.full, act_dim, cfg.critic_hidden_dims, 2).to(device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
