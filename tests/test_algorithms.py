@@ -256,7 +256,7 @@ def test_format2_checkpoints_load_into_todays_algorithms(name: str) -> None:
     spec = validate_spec(spec_raw)
     payload = torch.load(FIXTURES / name / "state.pt", weights_only=True)
     # aa_ray/PusherReach-v0: 10 obs dims, 2 actions
-    algo = build_algorithm(spec.algo, 10, 2, TrainingSetup(CPU, 100, torch.Generator()))
+    algo = build_algorithm(spec.algo, 10, 2, TrainingSetup.on_cpu(planned_steps=100))
     algo.load_state_dict(payload["learner"]["algo"])
     saved = payload["learner"]["algo"]["policy"]
     assert all(torch.equal(saved[key], value) for key, value in algo.policy_state().items())

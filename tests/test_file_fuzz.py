@@ -72,7 +72,7 @@ def good_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def resume_check(folder: Path, spec=SPEC) -> object:
     """What `aa-ray run --resume` checks before Ray starts."""
-    algorithm = build_algorithm(spec.algo, OBS_DIM, ACT_DIM, TrainingSetup(torch.device("cpu"), 100, torch.Generator()))
+    algorithm = build_algorithm(spec.algo, OBS_DIM, ACT_DIM, TrainingSetup.on_cpu(planned_steps=100))
     return verify_resume(load_checkpoint(folder), spec, algorithm, OBS_DIM, ACT_DIM)
 
 

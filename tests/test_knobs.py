@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from aa_ray.algos.contract import TrainingSetup
 from aa_ray.algos.losses import bee_target, expectile_loss, rlpd_diagnostics, td_loss
 from aa_ray.algos.sac import SAC, SACConfig
 from aa_ray.algos.training import GradientStep, RewardNormalizer, make_optimizer, prior_rows, scheduled_lr
@@ -47,7 +48,7 @@ def test_bee_target_with_lambda_one_is_r_plus_discounted_v() -> None:
     """lambda = 1: the target is the exploitation target r + gamma^k V(s') alone."""
     torch.manual_seed(0)
     algo = SAC(SACConfig(learn_v=True, bee_lambda=1.0, actor_hidden_dims=[16],
-        critic_hidden_dims=[16]), ObsDims.of(3), 1, torch.device("cpu"))
+        critic_hidden_dims=[16]), ObsDims.of(3), 1, TrainingSetup.on_cpu())
     b = one_batch()
     info = algo.update(Batch(*(t.unsqueeze(0) for t in b)))  # the critic step, then the actor (V untouched)
     with torch.no_grad():
@@ -122,7 +123,7 @@ def test_precision_and_optimizer_variants_train(precision: str, optimizer: str) 
     torch.manual_seed(0)
     cfg = SACConfig(actor_hidden_dims=[32, 32],
         critic_hidden_dims=[32, 32], precision=precision, optimizer=optimizer, max_grad_norm=10.0)
-    algo = SAC(cfg, ObsDims.of(3), 1, torch.device("cpu"))
+    algo = SAC(cfg, ObsDims.of(3), 1, TrainingSetup.on_cpu())
     stacked = Batch(*(t.unsqueeze(0) for t in one_batch()))
     losses = [float(algo.update(stacked)["critic/q_loss"]) for _ in range(30)]
     assert all(np.isfinite(losses))
@@ -142,7 +143,7 @@ def test_simba_networks_train_under_bf16_autocast() -> None:
     torch.manual_seed(0)
     algo = SACSimba(
         SACSimbaConfig(precision="bf16", critic_hidden_dim=32, actor_hidden_dim=16), ObsDims.of(3), 1,
-        torch.device("cpu"),
+        TrainingSetup.on_cpu(),
     )
     info = algo.update(Batch(*(t.unsqueeze(0) for t in one_batch())))
     assert np.isfinite(float(info["critic/q_loss"])) and np.isfinite(float(info["actor/loss"]))

@@ -10,6 +10,7 @@ import pytest
 import ray
 import torch
 
+from aa_ray.algos.contract import TrainingSetup
 from aa_ray.algos.ppo import PPO, adapt_lr, clipped_surrogate_loss, explained_variance, gae, spo_loss
 from aa_ray.nets.policy import ObsDims
 from aa_ray.records import Rollout
@@ -103,7 +104,7 @@ def test_update_adapts_the_lr_toward_the_kl_target(rollout: tuple[dict, dict, En
     lrs = {}
     for desired_kl in (1e-7, 10.0):
         torch.manual_seed(0)
-        algo = PPO(ppo_spec(f"algo.desired_kl={desired_kl}").algo, ObsDims.of(10), 2, torch.device("cpu"))
+        algo = PPO(ppo_spec(f"algo.desired_kl={desired_kl}").algo, ObsDims.of(10), 2, TrainingSetup.on_cpu())
         info = algo.update(Rollout.from_chunk(data, torch.device("cpu")))
         lrs[desired_kl] = float(info["actor/lr"])
         assert algo.optimizer.param_groups[1]["lr"] == pytest.approx(1e-3)

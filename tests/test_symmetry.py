@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from aa_ray.algos.contract import TrainingSetup
 from aa_ray.algos.ppo import PPO, symmetry_loss
 from aa_ray.envs import scripted_action
 from aa_ray.envs.symmetry import MIRRORS, augment, mirror_for, sym_aug_mirror
@@ -124,7 +125,7 @@ def pusher_rollout() -> RolloutChunk:
 def ppo_with_sym_aug(*overrides: str) -> PPO:
     spec = load_spec(SPECS / "ppo.yaml", ["tracking.enabled=false", "algo.sym_aug=true", *overrides])
     torch.manual_seed(0)
-    return PPO(spec.algo, ObsDims.of(10), 2, torch.device("cpu"), mirror=mirror_for(spec.env.id))
+    return PPO(spec.algo, ObsDims.of(10), 2, TrainingSetup.on_cpu(), mirror=mirror_for(spec.env.id))
 
 
 def test_ppo_doubles_each_minibatch_with_its_mirror_image(pusher_rollout: RolloutChunk) -> None:
@@ -178,6 +179,6 @@ def test_a_ppo_learner_with_sym_aug_logs_the_symmetry_loss(pusher_rollout: Rollo
 def test_ppo_refuses_sym_aug_without_a_mirror() -> None:
     spec = load_spec(SPECS / "ppo.yaml", ["tracking.enabled=false", "algo.sym_aug=true"])
     with pytest.raises(ValueError, match="PPO needs the env's mirror"):
-        PPO(spec.algo, ObsDims.of(10), 2, torch.device("cpu"))
+        PPO(spec.algo, ObsDims.of(10), 2, TrainingSetup.on_cpu())
     with pytest.raises(SpecError, match="algo.sym_aug needs mirror transforms for env 'Pendulum-v1'"):
         load_spec(SPECS / "ppo.yaml", ["algo.sym_aug=true", "env.id=Pendulum-v1"])

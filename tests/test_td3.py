@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from aa_ray.algos.contract import TrainingSetup
 from aa_ray.algos.td3 import TD3, TD3Config, make_policy, smoothed_target_action
 from aa_ray.nets.policy import ObsDims
 from aa_ray.records import Batch, NormMoments
@@ -24,7 +25,7 @@ OBS_DIM, ACT_DIM = 3, 2
 def small_td3(**knobs) -> TD3:
     torch.manual_seed(0)
     cfg = TD3Config(actor_hidden_dims=[16], critic_hidden_dims=[16], batch_size=8, **knobs)
-    return TD3(cfg, ObsDims.of(OBS_DIM), ACT_DIM, torch.device("cpu"))
+    return TD3(cfg, ObsDims.of(OBS_DIM), ACT_DIM, TrainingSetup.on_cpu())
 
 
 def random_batch(num_batches: int, batch_size: int = 8, seed: int = 0) -> Batch:

@@ -47,6 +47,11 @@ class TrainingSetup(NamedTuple):
     # seeds for the construction only.
     generator: torch.Generator
 
+    @classmethod
+    def on_cpu(cls, seed: int = 0, planned_steps: int = 1_000) -> TrainingSetup:
+        """A setup for building an algorithm outside a learner (tests, checks, resume validation)."""
+        return cls(torch.device("cpu"), planned_steps, torch.Generator().manual_seed(seed))
+
 
 class Algorithm(Protocol):
     """Built as `cls(config, obs, act_dim, setup)` (`obs`: an `ObsDims`, `setup`: a `TrainingSetup`)."""

@@ -37,8 +37,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from aa_ray import metric_names as m
 from aa_ray.algos.contract import TrainingSetup
 from aa_ray.data.dataset import checked_prior_data
@@ -278,7 +276,7 @@ class Trainer:
     def _check_resume(self, obs: ObsDims, act_dim: int) -> Any:
         """Check the checkpoint's learner state and replay file against the spec before any actor
         starts (CheckpointError naming the file otherwise); returns the replay table, if it has one."""
-        setup = TrainingSetup(torch.device("cpu"), planned_fleet_steps(self.spec), torch.Generator())
+        setup = TrainingSetup.on_cpu(planned_steps=planned_fleet_steps(self.spec))
         mirror = sym_aug_mirror(self.spec, obs, act_dim)
         algorithm = family_of(self.spec).build(self.spec.algo, obs, act_dim, setup, mirror)
         return verify_resume(self.resume, self.spec, algorithm, obs.full, act_dim)
