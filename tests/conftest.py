@@ -7,6 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+# Two pytest workers share two cores: one torch thread each, the actors' own default
+# (`learners.torch_threads`, `runners.torch_threads`), so in-process learners run as in their actors.
+torch.set_num_threads(1)
 
 # MuJoCo picks its GL backend at import; EGL renders offscreen without a display.
 os.environ.setdefault("MUJOCO_GL", "egl")

@@ -20,8 +20,10 @@ from aa_ray.runtime.checkpoint import (
 )
 from aa_ray.runtime.counters import Window
 from aa_ray.runtime.env_runner import EnvRunner
+from aa_ray.runtime.inline import InlineActors
 from aa_ray.runtime.learner import Learner
 from aa_ray.runtime.loops import Iteration
+from aa_ray.runtime.remote import get_results
 from aa_ray.runtime.replay import ReplayBuffer
 from aa_ray.spec.loader import apply_overrides, validate_spec
 
@@ -76,6 +78,22 @@ def counting_spec(terminate_at: int, algo: str = "sac", **extra: str):
         "runners": {"envs_per_runner": 2},
     }
     return validate_spec(apply_overrides(raw, [f"{k}={v}" for k, v in extra.items()]))
+
+
+class ThreadProbe:
+    def threads(self) -> int:
+        return torch.get_num_threads()
+
+
+def test_actors_set_no_thread_count_their_inline_shell_keeps_it_apart() -> None:
+    """Building a learner or a runner leaves the process's torch thread count alone; an inline actor's
+    shell runs each call at the actor's own count and gives the driver its own back."""
+    driver = torch.get_num_threads()
+    spec = counting_spec(3, **{"learners.torch_threads": driver + 2, "runners.torch_threads": driver + 1})
+    Learner(spec, 3, 1), EnvRunner(spec, 0)
+    assert torch.get_num_threads() == driver
+    probe = InlineActors().start(ThreadProbe, bundle=0, num_cpus=1, torch_threads=driver + 2)
+    assert get_results(probe.threads.remote()) == driver + 2 and torch.get_num_threads() == driver
 
 
 def test_terminated_is_stored_and_autoreset_step_is_not() -> None:

@@ -148,7 +148,7 @@ def test_a_killed_env_runner_is_replaced_and_the_run_finishes(mode: str) -> None
     s = load_spec(
         SPECS / "sac.yaml",
         [*SMALL_SAC, "runners.num_runners=2", "budget.env_steps=2000", f"runtime.mode={mode}",
-         "checkpoint.save_replay=false"],
+         "checkpoint.save_replay=false", "learners.torch_threads=2"],
     )
     trainer = Trainer(s, live=False)
     outcome: dict = {}
@@ -158,6 +158,9 @@ def test_a_killed_env_runner_is_replaced_and_the_run_finishes(mode: str) -> None
     while trainer.counters.env_steps < 600 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert trainer.counters.env_steps >= 600, "the run did not get going"
+    # each actor's process has the torch thread count its spec section gives (the shell sets it)
+    actors = (*trainer.learners, trainer.runners[0])
+    assert ray.get([actor.__ray_call__.remote(lambda _: torch.get_num_threads()) for actor in actors]) == [2, 1]
     ray.kill(trainer.runners[1])
     thread.join(timeout=300)
     result = outcome["result"]

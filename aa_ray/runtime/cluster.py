@@ -178,6 +178,12 @@ def bundle_node_ip(group: PlacementGroup, index: int) -> str:
     return addresses[node_id]
 
 
+def _set_torch_threads(instance: Any, threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
 class RayActors:
     """Makes a run's Ray actors, each in its bundle (an index into `spec.bundles()`) of the run's
     placement group, which creating this reserves (inside a Tune trial: takes the trial's, see
@@ -186,12 +192,19 @@ class RayActors:
     def __init__(self, spec: ExperimentSpec, learning: bool = True):
         self.group, self.bundle_offset, self.owns_group = placement(spec, spec.bundles(learning))
 
-    def start(self, cls: type, *args: Any, bundle: int, num_cpus: float, num_gpus: float = 0.0, **kwargs: Any) -> Any:
-        """`ray.remote(cls)` started in its bundle with `cls(*args, **kwargs)`: the actor's handle."""
+    def start(self, cls: type, *args: Any, bundle: int, num_cpus: float, num_gpus: float = 0.0,
+              torch_threads: int | None = None, **kwargs: Any) -> Any:
+        """`ray.remote(cls)` started in its bundle with `cls(*args, **kwargs)`: the actor's handle.
+        `torch_threads`: the torch thread count of the actor's process (its own, so the shell sets it
+        there; the plain classes set no process-wide state). Ray runs an actor's calls in the order they
+        were submitted, so it holds from the first call after the constructor on."""
         import ray
 
         options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "scheduling_strategy": self._bundle(bundle)}
-        return ray.remote(cls).options(**options).remote(*args, **kwargs)
+        actor = ray.remote(cls).options(**options).remote(*args, **kwargs)
+        if torch_threads is not None:
+            actor.__ray_call__.remote(_set_torch_threads, torch_threads)
+        return actor
 
     def _bundle(self, index: int) -> PlacementGroupSchedulingStrategy:
         return in_bundle(self.group, self.bundle_offset + index)  # a Tune trial's own bundle 0 is the trial's

@@ -108,7 +108,6 @@ class EnvRunner:
     """
 
     def __init__(self, spec: ExperimentSpec, index: int, incarnation: int = 0):
-        torch.set_num_threads(spec.runners.torch_threads)
         self.spec = spec
         self.index = index
         self.num_envs = spec.runners.envs_per_runner

@@ -91,6 +91,7 @@ class ActorGraph:
             self.actors.start(
                 Learner, spec, self.obs, self.act_dim, rank,
                 bundle=rank, num_cpus=spec.learners.cpus_per_learner, num_gpus=spec.learners.gpus_per_learner,
+                torch_threads=spec.learners.torch_threads,
             )
             for rank in range(spec.learners.num_learners)
         ]
@@ -128,6 +129,7 @@ class ActorGraph:
         return self.actors.start(
             EnvRunner, self.spec, index, incarnation,
             bundle=self.first_runner_bundle + index, num_cpus=self.spec.runners.cpus_per_runner,
+            torch_threads=self.spec.runners.torch_threads,
         )
 
     def kill(self) -> None:

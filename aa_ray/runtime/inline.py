@@ -12,7 +12,8 @@ order they were submitted, and running every call when it is submitted keeps tha
 actors draw their random numbers from generators of their own (the learner's, each runner's), so
 sharing one process changes none of them. What the actors' separate processes still kept apart,
 each shell keeps apart: its torch thread count (`learners.torch_threads`, `runners.torch_threads`),
-a setting of the whole process, swapped in around each of its calls.
+a setting of the whole process, swapped in around its constructor and each of its calls (the plain
+classes set no process-wide state themselves; a Ray actor's shell sets it once in its own process).
 
 Results are handed on by reference, not copied through an object store; that is safe because
 the plain classes return fresh objects (policy weights are copies) and take copies of what they
@@ -38,8 +39,8 @@ class InlineActor:
     """A plain object behind an actor handle's interface; `instance` is the object itself (to look
     into from a debugger or a notebook)."""
 
-    def __init__(self, cls: type, *args: Any, **kwargs: Any):
-        self._torch_threads = torch.get_num_threads()
+    def __init__(self, cls: type, args: tuple, kwargs: dict[str, Any], torch_threads: int | None = None):
+        self._torch_threads = torch_threads or torch.get_num_threads()
         try:
             with self._own_threads():
                 self.instance = cls(*args, **kwargs)
@@ -68,13 +69,12 @@ class InlineActor:
 
     @contextmanager
     def _own_threads(self) -> Iterator[None]:
-        """This actor's torch thread count for the duration of one call (its constructor sets it)."""
+        """This actor's torch thread count for the duration of one call; the driver's after it."""
         driver_threads = torch.get_num_threads()
         torch.set_num_threads(self._torch_threads)
         try:
             yield
         finally:
-            self._torch_threads = torch.get_num_threads()
             torch.set_num_threads(driver_threads)
 
 
@@ -102,8 +102,8 @@ class InlineActors:
     driver, so nothing is ever lost, killed or given back."""
 
     def start(self, cls: type, *args: Any, bundle: int, num_cpus: float, num_gpus: float = 0.0,
-              **kwargs: Any) -> InlineActor:
-        return InlineActor(cls, *args, **kwargs)
+              torch_threads: int | None = None, **kwargs: Any) -> InlineActor:
+        return InlineActor(cls, args, kwargs, torch_threads)
 
     def kill(self, actor: InlineActor) -> None:
         """Nothing to end: the object goes when the graph lets go of it."""

@@ -84,7 +84,6 @@ def matmul_precision(device: torch.device, precision: str) -> Iterator[None]:
 
 class Learner:
     def __init__(self, spec: ExperimentSpec, obs_dim: ObsDims | int, act_dim: int, rank: int = 0):
-        torch.set_num_threads(spec.learners.torch_threads)
         self.spec, self.obs, self.act_dim = spec, ObsDims.of(obs_dim), act_dim
         self.rank, self.world_size = rank, spec.learners.num_learners
         self.device = learner_device(spec)
