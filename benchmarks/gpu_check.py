@@ -557,7 +557,7 @@ def install_deadline(trainer: Any, deadline: float, phase: LearningPhase) -> boo
     no cadence of the expected kind (then only the budget stops the run)."""
     from aa_ray.runtime.cadence import Cadence, Due, Outcome
 
-    cadence = getattr(trainer, "cadence", None)
+    cadence = getattr(getattr(trainer, "state", None), "cadence", None)  # the driver's state owns the cadence
     if not isinstance(cadence, Cadence):
         return False
 
