@@ -153,6 +153,37 @@ def run_part(args: argparse.Namespace, parts: dict[str, Any]) -> None:
     write_json(args.json, {"machine": info, **parts[args.part](args)})
 
 
+def stop_when(trainer: Any, expired: Callable[[int], bool], reason: str) -> bool:
+    """Make the trainer's cadence stop the run, after one last evaluation, at the first iteration
+    where `expired(env_steps)` is true (e.g. a wall-clock slice); the run's result then says
+    `reason`. False where the trainer keeps no cadence of the expected kind (only the budget stops
+    the run then)."""
+    from aa_ray.runtime.cadence import Cadence, Due, Outcome
+
+    cadence = getattr(getattr(trainer, "state", None), "cadence", None)  # the driver's state owns the cadence
+    if not isinstance(cadence, Cadence):
+        return False
+
+    class StoppingCadence(type(cadence)):  # type: ignore[misc]
+        stopping = False
+
+        def due(self, env_steps: int) -> Due:
+            due = super().due(env_steps)
+            if expired(env_steps):
+                self.stopping = True
+                return Due(evaluate=True, checkpoint=False, budget_spent=due.budget_spent)
+            return due
+
+        def outcome(self, env_steps: int, due: Due, evaluation: dict[str, float] | None) -> Outcome:
+            outcome = super().outcome(env_steps, due, evaluation)
+            if self.stopping and outcome.stop_reason is None:
+                return Outcome(stop_reason=reason, checkpoint=False, report=False)
+            return outcome
+
+    cadence.__class__ = StoppingCadence  # keeps the cadence's state, adds the stop
+    return True
+
+
 class HostReads:
     """Counts tensor values read on the host (`.item()`, `float(t)`, `bool(t)`, `.tolist()`, ...)
     while active: on a GPU each one waits for the device. Use as `with HostReads() as reads:`."""

@@ -551,37 +551,6 @@ class LearningPhase:
         return self.last[0] - self.first[0] if self.first and self.last else 0.0
 
 
-def install_deadline(trainer: Any, deadline: float, phase: LearningPhase) -> bool:
-    """Make the trainer's cadence stop the run (after one last evaluation) once `deadline` (a
-    monotonic time) has passed, and stamp `phase` at every iteration. False where the trainer has
-    no cadence of the expected kind (then only the budget stops the run)."""
-    from aa_ray.runtime.cadence import Cadence, Due, Outcome
-
-    cadence = getattr(getattr(trainer, "state", None), "cadence", None)  # the driver's state owns the cadence
-    if not isinstance(cadence, Cadence):
-        return False
-
-    class DeadlineCadence(type(cadence)):  # type: ignore[misc]
-        expired = False
-
-        def due(self, env_steps: int) -> Due:
-            phase.stamp(env_steps)
-            due = super().due(env_steps)
-            if time.monotonic() >= deadline:
-                self.expired = True
-                return Due(evaluate=True, checkpoint=False, budget_spent=due.budget_spent)
-            return due
-
-        def outcome(self, env_steps: int, due: Due, evaluation: dict[str, float] | None) -> Outcome:
-            outcome = super().outcome(env_steps, due, evaluation)
-            if self.expired and outcome.stop_reason is None:
-                return Outcome(stop_reason="wall-clock slice", checkpoint=False, report=False)
-            return outcome
-
-    cadence.__class__ = DeadlineCadence  # keeps the cadence's state, adds the deadline
-    return True
-
-
 def run_train(args: argparse.Namespace, clock: Clock, results: Results, deadline_s: float) -> None:
     from aa_ray import metric_names as m
     from aa_ray.spec.loader import load_spec
@@ -603,7 +572,15 @@ def run_train(args: argparse.Namespace, clock: Clock, results: Results, deadline
         clock.log(f"train: {spec.env.id} sac_simba, {slice_s:.0f} s slice, budget {spec.budget.env_steps:,} env steps")
         trainer = Trainer(spec, run_dir=Path(run_dir) / "run", track=False, live=False)
         phase = LearningPhase(spec.algo.warm_up_steps)
-        summary["deadline_installed"] = install_deadline(trainer, time.monotonic() + slice_s, phase)
+        from _common import stop_when
+
+        deadline = time.monotonic() + slice_s
+
+        def slice_over(env_steps: int) -> bool:
+            phase.stamp(env_steps)
+            return time.monotonic() >= deadline
+
+        summary["deadline_installed"] = stop_when(trainer, slice_over, "wall-clock slice")
         start = time.perf_counter()
         try:
             result = trainer.run()
