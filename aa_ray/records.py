@@ -2,8 +2,8 @@
 replay buffer to the learner:
 
     EnvRunner.sample        -> (Transitions, ChunkStats)       off-policy chunk, one row per stored transition
-    ReplayBuffer.sample     -> ReplaySample                    Transitions stacked (batches, batch_size, ...)
-                                                               and the SampleTiming beside them
+    ReplayBuffer.sample_for_learners -> ReplaySample           PackedTransitions stacked (batches, batch_size,
+                                                               width): one array, and the SampleTiming beside it
     Learner (on its device) -> Batch                           what an off-policy algorithm's update reads
     EnvRunner.sample_rollout-> (RolloutChunk, ChunkStats)      on-policy chunk, (steps, envs, ...)
     Learner (on its device) -> Rollout                         what an on-policy algorithm's update reads
@@ -117,6 +117,50 @@ class Transitions(NamedTuple):
         return cls(*(np.concatenate(columns, axis=axis) for columns in zip(*parts, strict=True)))
 
 
+class PackedTransitions(NamedTuple):
+    """Transitions as one float32 array with every field side by side in each row (obs | action |
+    reward | next_obs | terminated | truncated | discount, `Transitions`' order): the replay buffer's
+    storage and its samples. Drawing a batch is then one gather of whole rows (the fields' seven
+    gathers cost several times more, mostly in cache misses), and a sample crosses the object store
+    as one buffer, which a learner reads without a copy and moves to its device in one transfer."""
+
+    table: np.ndarray  # (..., width): rows of packed transitions
+    obs_dim: int
+    act_dim: int
+
+    @classmethod
+    def empty(cls, rows: int, obs_dim: int, act_dim: int) -> PackedTransitions:
+        return cls(np.zeros((rows, 2 * obs_dim + act_dim + 4), np.float32), obs_dim, act_dim)
+
+    @classmethod
+    def pack(cls, transitions: Transitions) -> PackedTransitions:
+        obs_dim, act_dim = transitions.obs.shape[-1], transitions.action.shape[-1]
+        columns = [np.asarray(column, np.float32) for column in transitions]
+        table = np.concatenate([c if c.ndim == columns[0].ndim else c[..., None] for c in columns], axis=-1)
+        return cls(table, obs_dim, act_dim)
+
+    @property
+    def rows(self) -> int:
+        return self.table.shape[0]
+
+    def columns(self) -> tuple[Any, ...]:
+        """Each field's index into a row, in `Transitions`' order (slices for vectors)."""
+        o, a = self.obs_dim, self.act_dim
+        return slice(0, o), slice(o, o + a), o + a, slice(o + a + 1, 2 * o + a + 1), 2 * o + a + 1, \
+            2 * o + a + 2, 2 * o + a + 3
+
+    def unpack(self) -> Transitions:
+        """The fields as views into the table (writing into them writes the table)."""
+        return Transitions(*(self.table[..., column] for column in self.columns()))
+
+    def take(self, index: np.ndarray) -> PackedTransitions:
+        return PackedTransitions(np.take(self.table, index, axis=0), self.obs_dim, self.act_dim)
+
+    @classmethod
+    def concat(cls, parts: Sequence[PackedTransitions], axis: int) -> PackedTransitions:
+        return cls(np.concatenate([p.table for p in parts], axis=axis), parts[0].obs_dim, parts[0].act_dim)
+
+
 class SampleTiming(NamedTuple):
     """How long the replay actor took to sample a shard, and when it was done (the learner's
     time/replay_sample and time/transfer phases)."""
@@ -128,7 +172,7 @@ class SampleTiming(NamedTuple):
 class ReplaySample(NamedTuple):
     """One learner's shard of a learner iteration: (fleet_steps * utd_ratio, batch, ...) transitions."""
 
-    transitions: Transitions
+    transitions: PackedTransitions
     timing: SampleTiming
 
 
@@ -147,6 +191,12 @@ class Batch(NamedTuple):
     def from_transitions(cls, transitions: Transitions, device: torch.device) -> Batch:
         # copies: arrays from Ray's object store are read-only views
         return cls(*(torch.tensor(getattr(transitions, f), device=device, dtype=torch.float32) for f in cls._fields))
+
+    @classmethod
+    def from_rows(cls, rows: torch.Tensor, packed: PackedTransitions) -> Batch:
+        """The fields of packed transition rows already on the device, each its own contiguous tensor."""
+        columns = dict(zip(Transitions._fields, packed.columns(), strict=True))
+        return cls(*(rows[..., columns[name]].contiguous() for name in cls._fields))
 
     @property
     def num_batches(self) -> int:

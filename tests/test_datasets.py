@@ -357,7 +357,8 @@ def test_env_runner_rollout_returns_whole_numbered_episodes_and_carries_the_rest
 @pytest.fixture(scope="class")
 def local_ray():
     """One small Ray for the class: `aa-ray rollout` and the trainer join it instead of starting their own."""
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4,  # never a cluster another test started on this host
+             include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

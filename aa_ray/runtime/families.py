@@ -25,7 +25,7 @@ from aa_ray.algos.contract import Algorithm, TrainingSetup
 from aa_ray.algos.registry import build_algorithm
 from aa_ray.envs.symmetry import Mirror, augment
 from aa_ray.nets.policy import ObsDims
-from aa_ray.records import Batch, ReplaySample, Rollout, RolloutChunk, Transitions
+from aa_ray.records import Batch, PackedTransitions, ReplaySample, Rollout, RolloutChunk, Transitions
 
 
 class LearnerView(Protocol):
@@ -37,7 +37,7 @@ class LearnerView(Protocol):
     world_size: int
     mirror: Mirror | None
 
-    def batches(self, transitions: Transitions, utd: int) -> Iterator[Batch]: ...
+    def batches(self, transitions: Transitions | PackedTransitions, utd: int) -> Iterator[Batch]: ...
 
 
 class Learned(NamedTuple):
@@ -58,11 +58,13 @@ class OffPolicy:
         # the learner mirrors the replay batches (`learn`): the algorithm never sees the mirror
         return build_algorithm(cfg, obs, act_dim, setup)
 
-    def learn(self, learner: LearnerView, cfg: Any, data: Sequence[ReplaySample | Transitions]) -> Learned:
+    def learn(self, learner: LearnerView, cfg: Any,
+              data: Sequence[ReplaySample | PackedTransitions | Transitions]) -> Learned:
         (sample,) = data
         transitions = sample.transitions if isinstance(sample, ReplaySample) else sample
         if learner.mirror is not None:  # algo.sym_aug: the learner alone sees mirrored data
-            transitions = augment(transitions, learner.mirror)
+            unpacked = transitions.unpack() if isinstance(transitions, PackedTransitions) else transitions
+            transitions = augment(unpacked, learner.mirror)
         rows, utd = transitions.rows, cfg.utd_ratio
         if rows % utd:
             raise ValueError(

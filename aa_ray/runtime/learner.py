@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -30,7 +31,7 @@ from aa_ray import seeding
 from aa_ray.algos.contract import Algorithm, TrainingSetup, diagnostics_to_floats
 from aa_ray.envs.symmetry import sym_aug_mirror
 from aa_ray.nets.policy import ObsDims
-from aa_ray.records import Batch, LearnerReport, NormMoments, ReplaySample, Transitions
+from aa_ray.records import Batch, LearnerReport, NormMoments, PackedTransitions, ReplaySample, Transitions
 from aa_ray.runtime.families import family_of
 from aa_ray.runtime.metrics import RunMetrics, run_tag
 from aa_ray.spec.experiment import ExperimentSpec
@@ -178,7 +179,7 @@ class Learner:
                 report.phases[m.PHASE_TRANSFER] = max(received - sample.timing.sampled_at, 0.0)
         return report
 
-    def batches(self, transitions: Transitions, utd: int) -> Iterator[Batch]:
+    def batches(self, transitions: Transitions | PackedTransitions, utd: int) -> Iterator[Batch]:
         """A learner iteration's transitions on the device, one fleet step of `utd` batches at a time."""
         return self.feed.fleet_steps(transitions, utd)
 
@@ -264,27 +265,29 @@ class DeviceFeed:
         self.device = device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
-    def fleet_steps(self, transitions: Transitions, utd: int) -> Iterator[Batch]:
-        rows = transitions.rows
+    def fleet_steps(self, transitions: Transitions | PackedTransitions, utd: int) -> Iterator[Batch]:
+        packed = transitions if isinstance(transitions, PackedTransitions) else PackedTransitions.pack(transitions)
         if self.stream is None:
-            batches = Batch.from_transitions(transitions, self.device)
-            for first in range(0, rows, utd):
-                yield Batch(*(t[first : first + utd] for t in batches))
+            columns = dict(zip(Transitions._fields, packed.columns(), strict=True))
+            for first in range(0, packed.rows, utd):
+                rows = packed.table[first : first + utd]
+                # one copy per field: arrays from Ray's object store are read-only views
+                yield Batch(*(torch.from_numpy(np.array(rows[..., columns[name]], np.float32)).to(self.device)
+                              for name in Batch._fields))
             return
-        pinned = [torch.tensor(getattr(transitions, name), dtype=torch.float32).pin_memory() for name in Batch._fields]
+        pinned = torch.tensor(packed.table, dtype=torch.float32).pin_memory()  # the whole sample: one buffer
         compute = torch.cuda.current_stream(self.device)
         staged = []
         with torch.cuda.stream(self.stream):
-            for first in range(0, rows, utd):
-                fleet_step = Batch(*(t[first : first + utd].to(self.device, non_blocking=True) for t in pinned))
+            for first in range(0, packed.rows, utd):
+                rows = pinned[first : first + utd].to(self.device, non_blocking=True)
                 copied = torch.cuda.Event()
                 copied.record(self.stream)
-                staged.append((fleet_step, copied))
-        for fleet_step, copied in staged:
+                staged.append((rows, copied))
+        for rows, copied in staged:
             compute.wait_event(copied)
-            for tensor in fleet_step:
-                tensor.record_stream(compute)  # allocated on the side stream, used on this one
-            yield fleet_step
+            rows.record_stream(compute)  # allocated on the side stream, used on this one
+            yield Batch.from_rows(rows, packed)  # the fields split on the device
 
 
 def _flatten(tree: Any) -> list[torch.Tensor]:

@@ -13,7 +13,7 @@ import pyarrow as pa
 from aa_ray import seeding
 from aa_ray.algos.training import prior_rows  # the one definition, shared with the algorithms' diagnostics
 from aa_ray.data import dataset as ds
-from aa_ray.records import ReplaySample, SampleTiming, Transitions
+from aa_ray.records import PackedTransitions, ReplaySample, SampleTiming, Transitions
 from aa_ray.runtime.metrics import RunMetrics
 
 FIELDS = Transitions._fields
@@ -43,7 +43,10 @@ class ReplayBuffer:
         self.capacity = capacity
         self.obs_dim, self.act_dim = obs_dim, act_dim
         self.obs_groups = tuple(obs_groups)
-        self.storage = Transitions.empty(capacity, obs_dim, act_dim)
+        # one row per transition, its fields side by side: a sample is one gather of whole rows and
+        # travels as one array; `storage` views the same memory field by field
+        self.rows = PackedTransitions.empty(capacity, obs_dim, act_dim)
+        self.storage = self.rows.unpack()
         self.cursor = 0  # next write position
         self.size = 0
         self.total_added = 0
@@ -76,6 +79,10 @@ class ReplayBuffer:
         return self.size
 
     def sample(self, num_batches: int, batch_size: int) -> Transitions:
+        """(num_batches, batch_size) transitions, field by field (views of one packed sample)."""
+        return self.sample_packed(num_batches, batch_size).unpack()
+
+    def sample_packed(self, num_batches: int, batch_size: int) -> PackedTransitions:
         if self.metrics is not None:
             self.metrics.inc("aa_ray_replay_sampled", num_batches * batch_size)
         if self.prior is None:
@@ -83,13 +90,13 @@ class ReplayBuffer:
         n_prior = prior_rows(batch_size, self.prior_ratio)
         prior = self.prior._draw(num_batches, n_prior, rng=self.rng)
         online = self._draw(num_batches, batch_size - n_prior)
-        return Transitions.concat([prior, online], axis=1)
+        return PackedTransitions.concat([prior, online], axis=1)
 
-    def sample_shards(self, num_batches: int, batch_size: int, num_shards: int) -> tuple[Transitions, ...]:
+    def sample_shards(self, num_batches: int, batch_size: int, num_shards: int) -> tuple[PackedTransitions, ...]:
         """One global batch as `num_shards` equal shards, one per learner, each its own object so a
         learner fetches only its rows. Each shard keeps the `[prior | online]` layout at the ratio."""
         shard_size = batch_size // num_shards
-        return tuple(self.sample(num_batches, shard_size) for _ in range(num_shards))
+        return tuple(self.sample_packed(num_batches, shard_size) for _ in range(num_shards))
 
     def sample_for_learners(
         self, num_batches: int, batch_size: int, num_shards: int
@@ -106,7 +113,7 @@ class ReplayBuffer:
         if self.size == 0 and batch_size > 0:
             raise RuntimeError("cannot sample from an empty replay buffer")
         index = (rng or self.rng).integers(0, max(self.size, 1), size=(num_batches, batch_size))
-        return self.storage.take(index)
+        return self.rows.take(index)
 
     def load_prior(self, path: str | Path, ratio: float, gamma: float, env_id: str) -> dict[str, Any]:
         """Load a transition dataset (validated against env_id and this buffer's dims) into the prior
@@ -141,7 +148,7 @@ class ReplayBuffer:
         same batches. The driver writes it because this actor may live on another node."""
         columns = {}
         for name, stored in zip(FIELDS, self.storage, strict=True):
-            data = stored[: self.size]
+            data = np.ascontiguousarray(stored[: self.size])  # a field's column of the packed rows
             for column, part in self._stored_columns(name, data):
                 if part.ndim == 2:
                     columns[column] = pa.FixedSizeListArray.from_arrays(pa.array(part.reshape(-1)), part.shape[1])
