@@ -38,6 +38,8 @@ from typing import Any
 
 import psutil
 
+from aa_ray import metric_names as m
+
 BENCHMARKS = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHMARKS))
 from _common import REPO, command_line, machine_info, print_machine, print_table, stop_when, write_json  # noqa: E402
@@ -112,6 +114,7 @@ class Sample:
     env_steps: int
     iterations: int
     learner_busy_s: float  # learner update seconds so far (the learner's own clock)
+    gradient_updates: float  # the learners' gradient updates so far
     cpu: dict[str, float]
 
 
@@ -125,7 +128,9 @@ class Cell:
     iterations: int = 0
     cpu_us_per_transition: dict[str, float] = field(default_factory=dict)
     driver_ms_per_iteration: float = 0.0  # wall
-    learner_busy: float = 0.0  # fraction of the window the learner spent in updates
+    driver_cpu_ms_per_iteration: float = 0.0  # the driver process's CPU
+    learner_busy: float = 0.0  # fraction of the window the learner spent in its update call (host work included)
+    device_busy: float = 0.0  # fraction of the window a GPU would compute: updates x update_s (timed learner)
     status: str = "ok"
 
 
@@ -138,6 +143,7 @@ class IterationLog:
         self.learning_from = learning_from
         self.iterations = 0
         self.busy_s = 0.0
+        self.updates = 0.0
         self.learning_since: float | None = None
         show = trainer.record.show
 
@@ -146,18 +152,19 @@ class IterationLog:
             now = time.perf_counter()
             self.iterations += 1
             self.busy_s += metrics.get("time/learner_update_s", 0.0)
+            self.updates = metrics.get(m.LEARNER_GRADIENT_UPDATES, self.updates)
             if env_steps < self.learning_from:
                 return
             self.learning_since = self.learning_since or now
             if not self.samples or now - self.samples[-1].wall >= SAMPLE_EVERY_S:
-                self.samples.append(Sample(now, env_steps, self.iterations, self.busy_s, cpu_by_kind()))
+                self.samples.append(Sample(now, env_steps, self.iterations, self.busy_s, self.updates, cpu_by_kind()))
 
         trainer.record.show = show_and_stamp
 
     def learned_for(self) -> float:
         return 0.0 if self.learning_since is None else time.perf_counter() - self.learning_since
 
-    def steady(self, cell: Cell, settle_s: float) -> Cell:
+    def steady(self, cell: Cell, settle_s: float, update_s: float) -> Cell:
         """Fill `cell` from the samples between `settle_s` into learning and the last one before the
         final iteration (which evaluates)."""
         samples = [s for s in self.samples[:-1] if s.wall - self.samples[0].wall >= settle_s]
@@ -171,10 +178,12 @@ class IterationLog:
         cell.iterations = last.iterations - first.iterations
         cell.driver_ms_per_iteration = 1e3 * cell.window_s / max(cell.iterations, 1)
         cell.learner_busy = (last.learner_busy_s - first.learner_busy_s) / cell.window_s
+        cell.device_busy = (last.gradient_updates - first.gradient_updates) * update_s / cell.window_s
         kinds = set(first.cpu) | set(last.cpu)
         used = {kind: last.cpu.get(kind, 0.0) - first.cpu.get(kind, 0.0) for kind in kinds}
         cell.cpu_us_per_transition = {kind: 1e6 * s / steps for kind, s in sorted(used.items())} if steps else {}
         cell.cpu_us_per_transition["total"] = sum(cell.cpu_us_per_transition.values())
+        cell.driver_cpu_ms_per_iteration = 1e3 * used.get("driver", 0.0) / max(cell.iterations, 1)
         return cell
 
 
@@ -195,7 +204,7 @@ def measure(config: dict[str, Any], overrides: Sequence[str], seconds: float, se
         except Exception as err:  # a cell that fails is a result (the table says so), not the end of the sweep
             cell.status = f"failed: {type(err).__name__}: {str(err)[:200]}"
             return cell
-    return log.steady(cell, settle_s)
+    return log.steady(cell, settle_s, spec.algo.update_s)
 
 
 def workload(runners: int, envs: int, step_s: float = 0.0, update_s: float = 0.0, batch: int = 256,
@@ -233,9 +242,11 @@ def show_cells(cells: Sequence[Cell], columns: Sequence[str]) -> None:
         rows.append([*(cell.config[c] for c in columns), round(cell.env_steps_per_s), cell.config.get("ideal", ""),
                      f"{cell.env_steps_per_s / cell.config['ideal']:.0%}" if cell.config.get("ideal") else "",
                      round(cpu.get("total", 0.0), 1), round(cell.driver_ms_per_iteration, 1),
-                     f"{cell.learner_busy:.0%}", cell.status])
+                     round(cell.driver_cpu_ms_per_iteration, 1),
+                     f"{cell.learner_busy:.0%}", f"{cell.device_busy:.0%}", cell.status])
     print_table([*columns, "env steps/s", "ideal", "efficiency", "CPU us/transition", "ms/iteration",
-                 "learner busy", "status"], rows)
+                 "driver CPU ms/iteration",
+                 "learner in update", "GPU busy (simulated)", "status"], rows)
 
 
 # ---- the parts ------------------------------------------------------------------------------------------------
@@ -275,14 +286,15 @@ def part_gpu(args: argparse.Namespace, results: Results) -> None:
     runners = (args.runners or [32])[0]
     nodes = (args.nodes or [4])[0]
     with simulated_cluster(nodes, cpus_per_node(runners, nodes)):
-        for utd in args.utd or [1, 2, 4, 8]:
-            config = {"runners": runners, "nodes": nodes, "batch": 8192, "utd": utd}
-            overrides = workload(runners, 1, step_s=args.step_s, update_s=LEANRL_H100_SAC_UPDATE_S, batch=8192,
-                                 utd=utd, train_every=args.train_every, extra=args.set)
-            cells.append(results.add("gpu", measure(config, overrides, args.seconds), list(config)))
+        for mode in args.modes:
+            for utd in args.utd or [1, 2, 4, 8]:
+                config = {"runners": runners, "nodes": nodes, "batch": 8192, "utd": utd, "mode": mode}
+                overrides = workload(runners, 1, step_s=args.step_s, update_s=LEANRL_H100_SAC_UPDATE_S, batch=8192,
+                                     utd=utd, train_every=args.train_every, extra=[f"runtime.mode={mode}", *args.set])
+                cells.append(results.add("gpu", measure(config, overrides, args.seconds), list(config)))
     print(f"\na simulated GPU learner ({LEANRL_H100_SAC_UPDATE_S * 1e3:g} ms per update), env step "
           f"{args.step_s * 1e3:g} ms:")
-    show_cells(cells, ["runners", "nodes", "batch", "utd"])
+    show_cells(cells, ["runners", "nodes", "batch", "utd", "mode"])
 
 
 def part_replay(args: argparse.Namespace, results: Results) -> None:
@@ -357,6 +369,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--envs", type=int, nargs="*", help="envs per runner (default per part)")
     parser.add_argument("--nodes", type=int, nargs="*", help="node counts (default per part)")
     parser.add_argument("--utd", type=int, nargs="*", help="UTD ratios (gpu part)")
+    parser.add_argument("--modes", nargs="*", default=["sync", "async"], help="runtime.mode values (gpu part)")
     parser.add_argument("--step-s", type=float, default=2e-3, help="the env step's cost (efficiency, gpu)")
     parser.add_argument("--train-every", type=int, default=32, help="fleet steps per iteration (algo.train_every)")
     parser.add_argument("--set", nargs="*", default=[], help="extra spec overrides for every cell (key=value)")
