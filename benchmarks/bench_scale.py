@@ -131,6 +131,7 @@ class Cell:
     driver_cpu_ms_per_iteration: float = 0.0  # the driver process's CPU
     learner_busy: float = 0.0  # fraction of the window the learner spent in its update call (host work included)
     device_busy: float = 0.0  # fraction of the window a GPU would compute: updates x update_s (timed learner)
+    placement: dict[str, list[int]] = field(default_factory=dict)  # actor kind -> the node (index) of each
     status: str = "ok"
 
 
@@ -145,11 +146,14 @@ class IterationLog:
         self.busy_s = 0.0
         self.updates = 0.0
         self.learning_since: float | None = None
+        self.placement: dict[str, list[int]] = {}
         show = trainer.record.show
 
         def show_and_stamp(env_steps: int, metrics: dict[str, float]) -> None:
             show(env_steps, metrics)
             now = time.perf_counter()
+            if self.iterations == 0:
+                self.placement = actor_nodes(trainer.spec, trainer.graph)
             self.iterations += 1
             self.busy_s += metrics.get("time/learner_update_s", 0.0)
             self.updates = metrics.get(m.LEARNER_GRADIENT_UPDATES, self.updates)
@@ -171,6 +175,7 @@ class IterationLog:
         if len(samples) < 2:
             cell.status = f"too short ({len(self.samples)} samples)"
             return cell
+        cell.placement = self.placement
         first, last = samples[0], samples[-1]
         steps = last.env_steps - first.env_steps
         cell.window_s = last.wall - first.wall
@@ -185,6 +190,23 @@ class IterationLog:
         cell.cpu_us_per_transition["total"] = sum(cell.cpu_us_per_transition.values())
         cell.driver_cpu_ms_per_iteration = 1e3 * used.get("driver", 0.0) / max(cell.iterations, 1)
         return cell
+
+
+def actor_nodes(spec: Any, graph: Any) -> dict[str, list[int]]:
+    """Which node (an index in the order Ray lists the nodes) holds each actor of the run, read from
+    its placement group's table in the order of `spec.bundles()` (learners, runners; the replay actor
+    in learner 0's bundle)."""
+    import ray
+
+    group = getattr(graph.actors, "group", None)
+    if group is None:
+        return {}
+    nodes = [node["NodeID"] for node in ray.nodes()]
+    table = ray.util.placement_group_table(group)["bundles_to_node_id"]
+    where = [nodes.index(table[graph.actors.bundle_offset + i]) for i in range(len(spec.bundles()))]
+    learners = spec.learners.num_learners
+    return {"learners": where[:learners], "replay": where[:1] if spec.algo.replay_actor else [],
+            "runners": where[learners:]}
 
 
 def measure(config: dict[str, Any], overrides: Sequence[str], seconds: float, settle_s: float = 1.0) -> Cell:

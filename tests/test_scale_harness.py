@@ -73,3 +73,7 @@ def test_the_harness_measures_a_two_node_cluster(tmp_path: Path) -> None:
     assert {"EnvRunner", "ReplayBuffer", "Learner", "driver"} <= set(cpu), cpu  # every actor was seen working
     assert cpu["total"] == pytest.approx(sum(v for k, v in cpu.items() if k != "total"))
     assert 0 < cell["learner_busy"] < 1  # its 1 ms updates, part of the wall time
+    # the replay actor on the learner's node (its samples move through shared memory), the runners on both
+    placement = cell["placement"]
+    assert placement["replay"] == placement["learners"] and len(placement["runners"]) == 4, placement
+    assert set(placement["runners"]) == {0, 1}, placement

@@ -1,5 +1,5 @@
 """Connecting to Ray, reserving a run's resources as one placement group (its bundles are
-`ExperimentSpec.bundles()`: the learners, then the env runners, then the replay actor) and making
+`ExperimentSpec.bundles()`: the learners, the replay actor in learner 0's, then the env runners) and making
 the run's Ray actors in it (`RayActors`).
 
 Ray is imported inside the functions: the command line imports this module for its errors on

@@ -5,7 +5,7 @@ Each actor is a thin shell around a plain class that tests use in-process (`Lear
 `runtime.backend: ray` makes `ray.remote(PlainClass)` actors in the run's placement group
 (`cluster.RayActors`), `inline` makes in-process shells with the same call interface
 (`aa_ray.runtime.inline`), so this module and the loops drive both alike. The group's bundles are
-`spec.bundles()` in order: L learners, R runners, then the replay actor (off-policy only).
+`spec.bundles()` in order: L learners (the replay actor shares learner 0's), then R runners.
 
 Data never passes through the driver: transitions go runner -> replay and replay -> learners,
 weights learner 0 -> runners, all as object refs. Every call is coarse (one per actor per
@@ -101,7 +101,7 @@ class ActorGraph:
             self.replay = self.actors.start(
                 ReplayBuffer, spec.algo.buffer_size, self.obs.full, self.act_dim, seed=spec.seed, run=run_tag(spec),
                 obs_groups=self.obs.groups,
-                bundle=spec.learners.num_learners + spec.runners.num_runners, num_cpus=spec.runtime.replay_cpus,
+                bundle=0, num_cpus=spec.runtime.replay_cpus,  # learner 0's bundle: its node
             )
         if len(self.learners) > 1:  # Ray only: the spec refuses several learners inline
             host = self.actors.node_ip(0)  # learner 0's node

@@ -370,13 +370,17 @@ class ExperimentSpec(SpecModel):
         return self.runners.num_runners * self.runners.envs_per_runner
 
     def bundles(self, learning: bool = True) -> list[dict[str, float]]:
-        """Placement-group bundles: learners first, then runners, then the replay actor (if the
-        algorithm's family has one); the runners alone when the run does not learn (a rollout)."""
+        """Placement-group bundles: the learners, then the runners; the runners alone when the run does
+        not learn (a rollout). The replay actor (if the algorithm's family has one) shares learner 0's
+        bundle, and so its node: every learner iteration's sample (45 MB at batch 8192) then reaches
+        the learner through shared memory instead of over the network."""
         runners = [{"CPU": self.runners.cpus_per_runner}] * self.runners.num_runners
         if not learning:
             return runners
-        learner = {"CPU": self.learners.cpus_per_learner}
-        if self.learners.gpus_per_learner > 0:
-            learner["GPU"] = self.learners.gpus_per_learner
-        bundles = [learner] * self.learners.num_learners + runners
-        return [*bundles, {"CPU": self.runtime.replay_cpus}] if self.algo.replay_actor else bundles
+        learners = [{"CPU": self.learners.cpus_per_learner} for _ in range(self.learners.num_learners)]
+        for learner in learners:
+            if self.learners.gpus_per_learner > 0:
+                learner["GPU"] = self.learners.gpus_per_learner
+        if self.algo.replay_actor:
+            learners[0]["CPU"] += self.runtime.replay_cpus
+        return learners + runners
