@@ -275,7 +275,9 @@ class DeviceFeed:
                 yield Batch(*(torch.from_numpy(np.array(rows[..., columns[name]], np.float32)).to(self.device)
                               for name in Batch._fields))
             return
-        pinned = torch.tensor(packed.table, dtype=torch.float32).pin_memory()  # the whole sample: one buffer
+        # the whole sample in one pinned buffer, one host copy (the object store's array is read-only)
+        pinned = torch.empty(packed.table.shape, dtype=torch.float32, pin_memory=True)
+        pinned.numpy()[...] = packed.table
         compute = torch.cuda.current_stream(self.device)
         staged = []
         with torch.cuda.stream(self.stream):
