@@ -12,6 +12,7 @@ Parts:
               UTD 1-8, 32 runners: the fraction of the learner's time spent updating (busy) and so
               waiting for data (1 - busy);
 - replay:     the replay actor alone, across nodes: adds/s, samples/s and MB/s at batch 256 and 8192;
+- runner:     one env runner in process: CPU per vector step and per env (the model's c_act, c_env);
 - tiny:       2 nodes, 4 runners, a few seconds: what CI runs (tests/test_scale_harness.py).
 
 Every cell is one run of `Trainer` stopped after `--seconds` of learning; what is reported is the
@@ -114,6 +115,7 @@ class Sample:
     env_steps: int
     iterations: int
     learner_busy_s: float  # learner update seconds so far (the learner's own clock)
+    collecting_s: float  # seconds the slowest runner spent collecting, summed over iterations
     gradient_updates: float  # the learners' gradient updates so far
     cpu: dict[str, float]
 
@@ -131,6 +133,7 @@ class Cell:
     driver_cpu_ms_per_iteration: float = 0.0  # the driver process's CPU
     learner_busy: float = 0.0  # fraction of the window the learner spent in its update call (host work included)
     device_busy: float = 0.0  # fraction of the window a GPU would compute: updates x update_s (timed learner)
+    runners_busy: float = 0.0  # fraction of the window the runners spent collecting (stepping envs and acting)
     placement: dict[str, list[int]] = field(default_factory=dict)  # actor kind -> the node (index) of each
     status: str = "ok"
 
@@ -145,6 +148,7 @@ class IterationLog:
         self.iterations = 0
         self.busy_s = 0.0
         self.updates = 0.0
+        self.collecting_s = 0.0
         self.learning_since: float | None = None
         self.placement: dict[str, list[int]] = {}
         show = trainer.record.show
@@ -156,12 +160,14 @@ class IterationLog:
                 self.placement = actor_nodes(trainer.spec, trainer.graph)
             self.iterations += 1
             self.busy_s += metrics.get("time/learner_update_s", 0.0)
+            self.collecting_s += metrics.get(f"time/{m.PHASE_COLLECT}_s", 0.0)
             self.updates = metrics.get(m.LEARNER_GRADIENT_UPDATES, self.updates)
             if env_steps < self.learning_from:
                 return
             self.learning_since = self.learning_since or now
             if not self.samples or now - self.samples[-1].wall >= SAMPLE_EVERY_S:
-                self.samples.append(Sample(now, env_steps, self.iterations, self.busy_s, self.updates, cpu_by_kind()))
+                self.samples.append(Sample(now, env_steps, self.iterations, self.busy_s, self.collecting_s,
+                                           self.updates, cpu_by_kind()))
 
         trainer.record.show = show_and_stamp
 
@@ -184,6 +190,7 @@ class IterationLog:
         cell.driver_ms_per_iteration = 1e3 * cell.window_s / max(cell.iterations, 1)
         cell.learner_busy = (last.learner_busy_s - first.learner_busy_s) / cell.window_s
         cell.device_busy = (last.gradient_updates - first.gradient_updates) * update_s / cell.window_s
+        cell.runners_busy = (last.collecting_s - first.collecting_s) / cell.window_s
         kinds = set(first.cpu) | set(last.cpu)
         used = {kind: last.cpu.get(kind, 0.0) - first.cpu.get(kind, 0.0) for kind in kinds}
         cell.cpu_us_per_transition = {kind: 1e6 * s / steps for kind, s in sorted(used.items())} if steps else {}
@@ -265,10 +272,10 @@ def show_cells(cells: Sequence[Cell], columns: Sequence[str]) -> None:
                      f"{cell.env_steps_per_s / cell.config['ideal']:.0%}" if cell.config.get("ideal") else "",
                      round(cpu.get("total", 0.0), 1), round(cell.driver_ms_per_iteration, 1),
                      round(cell.driver_cpu_ms_per_iteration, 1),
-                     f"{cell.learner_busy:.0%}", f"{cell.device_busy:.0%}", cell.status])
+                     f"{cell.runners_busy:.0%}", f"{cell.learner_busy:.0%}", f"{cell.device_busy:.0%}", cell.status])
     print_table([*columns, "env steps/s", "ideal", "efficiency", "CPU us/transition", "ms/iteration",
                  "driver CPU ms/iteration",
-                 "learner in update", "GPU busy (simulated)", "status"], rows)
+                 "runners collecting", "learner in update", "GPU busy (simulated)", "status"], rows)
 
 
 # ---- the parts ------------------------------------------------------------------------------------------------
@@ -370,6 +377,40 @@ def part_replay(args: argparse.Namespace, results: Results) -> None:
                            for r in rows])
 
 
+def part_runner(args: argparse.Namespace, results: Results) -> None:
+    """One env runner in this process, zero-cost env: its CPU per vector step and per env, the
+    constants c_act and c_env of the capacity model (benchmarks/scale_model.py)."""
+    import torch
+
+    from aa_ray.runtime.env_runner import EnvRunner
+    from aa_ray.spec.loader import load_spec
+
+    torch.set_num_threads(1)  # as in a runner actor (runners.torch_threads)
+    rows = []
+    for envs, step_s in ((1, 0.0), (16, 0.0), (16, args.step_s)):
+        runner = EnvRunner(load_spec(SPEC, workload(1, envs, step_s=step_s)), 0)
+        runner.sample(10, False)
+        steps = 2000 // envs if step_s == 0 else 50
+        cpu = min(timed_cpu(lambda n=steps, r=runner: r.sample(n, False)) for _ in range(3)) / (steps * envs)
+        rows.append({"envs": envs, "step_s": step_s, "cpu_us_per_transition": round(cpu * 1e6, 1)})
+    one, many, sleeping = (row["cpu_us_per_transition"] for row in rows)
+    c_env = (many * 16 - one) / 15  # per env per step
+    c_act = one - c_env  # per vector step
+    c_sleep = sleeping - many  # what the kernel charges a step for its sleep (timer, wake-up)
+    print_table(["envs per runner", "env step s", "CPU us per transition"],
+                [[r["envs"], r["step_s"], r["cpu_us_per_transition"]] for r in rows])
+    print(f"c_act (per vector step) {c_act:.1f} us, c_env (per env per step) {c_env:.1f} us, CPU of a "
+          f"{args.step_s * 1e3:g} ms sleep {c_sleep:.1f} us")
+    results.put("runner", [*rows, {"c_act_us": round(c_act, 1), "c_env_us": round(c_env, 1),
+                                   "c_sleep_us": round(c_sleep, 1)}])
+
+
+def timed_cpu(call: Callable[[], Any]) -> float:
+    start = time.process_time()
+    call()
+    return time.process_time() - start
+
+
 def part_tiny(args: argparse.Namespace, results: Results) -> None:
     """What CI runs: 2 nodes, 4 runners, a 1 ms env step and a 1 ms update, a few seconds of learning."""
     with simulated_cluster(2, cpus_per_node(4, 2)):
@@ -379,7 +420,8 @@ def part_tiny(args: argparse.Namespace, results: Results) -> None:
 
 
 PARTS: dict[str, Callable[[argparse.Namespace, Results], None]] = {
-    "ceiling": part_ceiling, "efficiency": part_efficiency, "gpu": part_gpu, "replay": part_replay, "tiny": part_tiny,
+    "ceiling": part_ceiling, "efficiency": part_efficiency, "gpu": part_gpu, "replay": part_replay,
+    "runner": part_runner, "tiny": part_tiny,
 }
 
 

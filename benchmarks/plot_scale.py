@@ -1,6 +1,6 @@
 """Plot what `benchmarks/bench_scale.py` measured (its --json files) into one figure:
 the runtime's ceiling per runner and envs per runner, scaling efficiency per node count, and the
-simulated GPU learner's busy fraction per UTD.
+simulated GPU's busy fraction per UTD (updates x update time / wall).
 
     .venv/bin/python benchmarks/plot_scale.py --ceiling c.json --efficiency e.json --gpu g.json \\
         [--gpu-after g2.json] --out benchmarks/figures/scale.png
@@ -53,13 +53,15 @@ def main() -> None:
                title="scaling efficiency, 2 ms env step")
     middle.legend(fontsize=8)
 
-    for label, path in (("before", args.gpu), ("after", args.gpu_after)):
-        points = sorted((c["config"]["utd"], c["learner_busy"]) for c in cells(path, "gpu"))
-        if points:
-            right.plot(*zip(*points, strict=True), marker="o", label=label)
+    for label, path in (("before", args.gpu), ("after", args.gpu_after)):  # same harness settings on both
+        for mode in ("sync", "async"):
+            points = sorted((c["config"]["utd"], c["device_busy"]) for c in cells(path, "gpu")
+                            if c["config"].get("mode", "sync") == mode)
+            if points:
+                right.plot(*zip(*points, strict=True), marker="o", label=f"{label}, {mode}")
     right.axhline(0.9, color="grey", linestyle=":", linewidth=1)
-    right.set(xscale="log", ylim=(0, 1.05), xlabel="UTD", ylabel="fraction of time updating",
-              title="simulated GPU learner, batch 8192")
+    right.set(xscale="log", ylim=(0, 1.05), xlabel="UTD", ylabel="simulated GPU busy",
+              title="GPU learner (1.4 ms/update), batch 8192, 32 runners")
     right.legend(fontsize=8)
     fig.tight_layout()
     args.out.parent.mkdir(parents=True, exist_ok=True)
