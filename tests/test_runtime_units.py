@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from aa_ray.records import Batch, NormMoments, Transitions
+from aa_ray.records import Batch, NormMoments, PackedTransitions, Transitions
 from aa_ray.runtime.checkpoint import (
     CheckpointError,
     check_compatible,
@@ -227,6 +227,28 @@ def test_replay_ring_keeps_the_newest_transitions() -> None:
     assert batch.obs.shape == (3, 4, 2) and batch.reward.shape == (3, 4)
     # fields stay aligned row by row
     assert np.all(batch.obs[..., 0] == batch.reward) and np.all(batch.next_obs[..., 0] == batch.reward + 1)
+
+
+def test_packed_rows_carry_every_field_to_the_learner_unchanged() -> None:
+    """The replay stores packed rows and a learner splits them: what reaches an update is, field by
+    field, the rows the runners wrote, whatever the fleet-step slicing."""
+    chunk = make_chunk(0, 12)
+    packed = PackedTransitions.pack(chunk)
+    assert packed.table.shape == (12, 2 * 2 + 1 + 4)
+    for field, original in zip(packed.unpack(), chunk, strict=True):
+        np.testing.assert_array_equal(field, original)
+    replay = ReplayBuffer(capacity=20, obs_dim=2, act_dim=1, seed=0)
+    replay.add(chunk)
+    sample = replay.sample_for_learners(num_batches=4, batch_size=3, num_shards=1).transitions
+    sample.table.flags.writeable = False  # as it arrives from Ray's object store
+    learner = Learner(counting_spec(3), obs_dim=2, act_dim=1)
+    batches = list(learner.batches(sample, utd=2))
+    assert len(batches) == 2 and batches[0].obs.shape == (2, 3, 2)
+    unpacked = sample.unpack()
+    for name in Batch._fields:
+        stacked = torch.cat([getattr(b, name) for b in batches])
+        np.testing.assert_array_equal(stacked.numpy(), getattr(unpacked, name))
+        assert stacked.is_contiguous()
 
 
 def test_replay_parquet_round_trip_samples_identically(tmp_path: Path) -> None:
