@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from aa_ray.spec.experiment import ExperimentSpec
 
@@ -21,6 +22,21 @@ if TYPE_CHECKING:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 TASK_EVENTS_KEPT = 10_000
+# runtime.placement -> the placement group's strategy. Both are soft: when a node is lost, Ray
+# re-places its bundles on the surviving nodes that have room (STRICT_* would wait for a new node).
+PLACEMENT_STRATEGIES = {"pack": "PACK", "spread": "SPREAD"}
+# How long to wait for Ray's verdict on an actor it cannot reach: the GCS declares a node dead after
+# its health checks fail (by default 5 checks 3 s apart, each allowed 10 s: 15 s for a raylet that
+# ended, about a minute for a host that vanished). Until then the actor is only "unavailable".
+NODE_VERDICT_S = 120.0
+
+
+class NodeLoss(NamedTuple):
+    """A node the cluster lost with some of the run's actors on it."""
+
+    node_id: str
+    ip: str
+    actors: list[str]  # the run's actors it held ("learner 0", "replay", "env runner 2", ...)
 
 
 class ResourceError(RuntimeError):
@@ -135,7 +151,7 @@ def reserve(spec: ExperimentSpec, bundles: list[dict[str, float]] | None = None)
 
     bundles = spec.bundles() if bundles is None else bundles
     check_capacity(bundles)
-    group = placement_group(bundles, strategy="PACK")
+    group = placement_group(bundles, strategy=PLACEMENT_STRATEGIES[spec.runtime.placement])
     ready, _ = ray.wait([group.ready()], timeout=spec.runtime.resource_timeout_s)
     if not ready:
         remove_placement_group(group)
@@ -184,6 +200,19 @@ def _set_torch_threads(instance: Any, threads: int) -> None:
     torch.set_num_threads(threads)
 
 
+def _node_id(instance: Any) -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
+def _nodes() -> dict[str, tuple[bool, str]]:
+    """Node id -> (alive, IP address), as the GCS sees it now (dead nodes included)."""
+    import ray
+
+    return {node["NodeID"]: (node["Alive"], node["NodeManagerAddress"]) for node in ray.nodes()}
+
+
 class RayActors:
     """Makes a run's Ray actors, each in its bundle (an index into `spec.bundles()`) of the run's
     placement group, which creating this reserves (inside a Tune trial: takes the trial's, see
@@ -191,6 +220,8 @@ class RayActors:
 
     def __init__(self, spec: ExperimentSpec, learning: bool = True):
         self.group, self.bundle_offset, self.owns_group = placement(spec, spec.bundles(learning))
+        self.node_refs: dict[Any, Any] = {}  # actor -> ref of the id of the node it runs on (its own answer)
+        self.bundles: dict[Any, int] = {}  # actor -> its bundle
 
     def start(self, cls: type, *args: Any, bundle: int, num_cpus: float, num_gpus: float = 0.0,
               torch_threads: int | None = None, **kwargs: Any) -> Any:
@@ -204,6 +235,8 @@ class RayActors:
         actor = ray.remote(cls).options(**options).remote(*args, **kwargs)
         if torch_threads is not None:
             actor.__ray_call__.remote(_set_torch_threads, torch_threads)
+        self.node_refs[actor] = actor.__ray_call__.remote(_node_id)  # where it is, asked while it lives
+        self.bundles[actor] = bundle
         return actor
 
     def _bundle(self, index: int) -> PlacementGroupSchedulingStrategy:
@@ -217,6 +250,79 @@ class RayActors:
         import ray
 
         ray.kill(actor)
+        self.node_refs.pop(actor, None)
+        self.bundles.pop(actor, None)
+
+    def _node_of(self, actor: Any) -> str | None:
+        """The id of the node `actor` runs (or ran) on, as it said itself; if it never said (it died
+        first), the node its bundle is on now; None if neither is known."""
+        import ray
+        from ray.util.placement_group import placement_group_table
+
+        ref = self.node_refs.get(actor)
+        if ref is not None and ray.wait([ref], timeout=0)[0]:
+            try:
+                return ray.get(ref)
+            except ray.exceptions.RayError:
+                pass
+        if actor not in self.bundles:
+            return None
+        return placement_group_table(self.group)["bundles_to_node_id"].get(self.bundle_offset + self.bundles[actor])
+
+    def lost_nodes(self, gone: list[Any], named: list[tuple[str, Any]]) -> list[NodeLoss]:
+        """The nodes lost with these gone actors, each naming the actors of `named` it held. An actor on
+        a node whose raylet ended is at first only unavailable (Ray cannot reach it and has not yet
+        declared it dead); this waits for the verdict (up to `NODE_VERDICT_S`): the GCS declares its
+        node dead, or the actor dead on a live node (a process killed alone), or it answers again."""
+        import ray
+
+        homes = {actor: self._node_of(actor) for actor in gone}
+        deadline = time.monotonic() + NODE_VERDICT_S
+        while True:
+            nodes = _nodes()
+            undecided = [actor for actor, node in homes.items() if nodes.get(node, (False, ""))[0]]
+            if not undecided:
+                break
+            pings = [actor.__ray_ready__.remote() for actor in undecided]
+            answered, unanswered = ray.wait(pings, num_returns=len(pings), timeout=2)
+            waiting = len(unanswered)  # a call to an actor on a node that just died may hang for a while
+            for ref in answered:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.ActorUnavailableError:
+                    waiting += 1
+                except ray.exceptions.RayActorError:
+                    pass  # declared dead while its node lives: it alone died
+            if not waiting or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        nodes = _nodes()
+        lost = {node for node in homes.values() if node is not None and not nodes.get(node, (True, ""))[0]}
+        where = {name: self._node_of(actor) for name, actor in named}
+        return [NodeLoss(node, nodes[node][1], [name for name, home in where.items() if home == node])
+                for node in sorted(lost)]
+
+    def await_placement(self, timeout_s: float) -> None:
+        """Wait until Ray has re-placed the bundles of lost nodes: the run's placement group is whole
+        again, every bundle on a live node. ResourceError if the surviving nodes cannot hold them."""
+        import ray
+        from ray.util.placement_group import placement_group_table
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            table = placement_group_table(self.group)
+            nodes = _nodes()
+            homeless = [index for index in range(len(self.group.bundle_specs))
+                        if not nodes.get(table["bundles_to_node_id"].get(index), (False, ""))[0]]
+            if table["state"] == "CREATED" and not homeless:
+                return
+            if time.monotonic() > deadline:
+                raise ResourceError(
+                    f"a node was lost and the surviving nodes could not take its bundles {homeless} of the run's "
+                    f"placement group within runtime.resource_timeout_s={timeout_s:g}s (available now: "
+                    f"{ray.available_resources()}); add a node, or resume from the last checkpoint"
+                )
+            time.sleep(0.2)
 
     def dead(self, named: list[tuple[str, Any]]) -> list[str]:
         """The names of the (name, actor) pairs whose actor is gone (a busy one, e.g. a learner

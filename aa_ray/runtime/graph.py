@@ -18,6 +18,13 @@ address and every learner joins it; each is then given its own shard of every gl
 Faults: a runner that died or raised is replaced in its own bundle by a new incarnation (fresh
 seeds, so it does not replay its predecessor's episodes); a dead learner or replay actor means
 rebuilding the whole graph (`rebuild`), after which the trainer loads the last checkpoint into it.
+A lost node (its raylet ended: a spot preemption, a crash) is both at once for the actors it held.
+Before replacing any, the graph waits for Ray's verdict on a gone actor (`RayActors.lost_nodes`:
+at first Ray only cannot reach it, until the GCS declares its node dead) and then for the
+placement group to have re-placed the lost node's bundles on the surviving nodes
+(`await_placement`), so the replacements start there; the loss is queued for the driver to tell
+(`take_node_losses`). Runners replaced because their node was lost do not count toward
+`runtime.max_runner_restarts` (that limit is for runners that crash).
 Inline actors are neither replaced nor rebuilt: an exception in one ends the run.
 
 RLPD (`algo.prior_data` set): the replay actor loads the dataset into its prior buffer, and every
@@ -33,7 +40,7 @@ from typing import Any, NamedTuple
 from aa_ray.nets.policy import ObsDims
 from aa_ray.records import ChunkStats, LearnerReport, NormMoments, return_moments
 from aa_ray.runtime.checkpoint import REPLAY_FILE
-from aa_ray.runtime.cluster import RayActors
+from aa_ray.runtime.cluster import NodeLoss, RayActors
 from aa_ray.runtime.env_runner import EnvRunner
 from aa_ray.runtime.inline import InlineActors
 from aa_ray.runtime.learner import Learner
@@ -47,6 +54,7 @@ class RunnerRestart(NamedTuple):
     runner: int
     reason: str
     restarts: int  # the run's runner restarts so far, this one included
+    node: str | None = None  # the id of the lost node the runner was on, if that is why it went
 
 
 def actor_backend(spec: ExperimentSpec, learning: bool = True) -> RayActors | InlineActors:
@@ -76,7 +84,10 @@ class ActorGraph:
         self.pending_stats: list[NormMoments] = []  # runners' normalizer moments the learners have not merged yet
         self.replay_size = 0
         self.runner_restarts = 0
+        self.runners_lost_with_nodes = 0  # the restarts that were not the runner's own fault
         self.unreported_restarts: list[RunnerRestart] = []  # replaced runners the driver has not told yet
+        self.lost_node_ids: set[str] = set()  # the nodes lost in this run
+        self.unreported_node_losses: list[NodeLoss] = []
 
     # ---- making and ending the actors ------------------------------------------------------------
     def start(self) -> None:
@@ -145,12 +156,15 @@ class ActorGraph:
 
     # ---- faults ----------------------------------------------------------------------------------
     def replace_runner(self, index: int, reason: str) -> None:
-        """Replace runner `index` in its bundle with a new incarnation, queued for `take_restarts`.
-        TrainingError past `runtime.max_runner_restarts`. The chunk it was collecting is lost, the
-        replay buffer is not."""
+        """Replace runner `index` in its bundle with a new incarnation, queued for `take_restarts`
+        (after its node's bundles were re-placed, if its node was lost). TrainingError past
+        `runtime.max_runner_restarts` runner crashes. The chunk it was collecting is lost, the replay
+        buffer is not."""
+        lost = self.settle_lost_nodes([self.runners[index]])
         self.runner_restarts += 1
+        self.runners_lost_with_nodes += bool(lost)
         limit = self.spec.runtime.max_runner_restarts
-        if self.runner_restarts > limit:
+        if self.runner_restarts - self.runners_lost_with_nodes > limit:
             raise TrainingError(
                 f"env runner {index} failed ({reason}) after runtime.max_runner_restarts={limit} restarts "
                 "in this run; fix the env (or raise the limit) and resume from the last checkpoint"
@@ -159,7 +173,27 @@ class ActorGraph:
         self.runners[index] = self._make_runner(index, incarnation=self.runner_restarts)
         if self.weights is not None:
             self.runners[index].set_weights.remote(*self.weights)
-        self.unreported_restarts.append(RunnerRestart(index, reason, self.runner_restarts))
+        node = lost[0].node_id if lost else None
+        self.unreported_restarts.append(RunnerRestart(index, reason, self.runner_restarts, node))
+
+    def settle_lost_nodes(self, gone: list[Any]) -> list[NodeLoss]:
+        """The nodes lost with these gone actors (none if each died alone). For a lost node, once Ray
+        has declared it dead, wait until its bundles are placed on the surviving nodes (ResourceError
+        if they cannot hold them within `runtime.resource_timeout_s`); a node not seen lost before is
+        queued for `take_node_losses`."""
+        lost = self.actors.lost_nodes(gone, self._named())
+        if lost:
+            self.actors.await_placement(self.spec.runtime.resource_timeout_s)
+        for loss in lost:
+            if loss.node_id not in self.lost_node_ids:
+                self.lost_node_ids.add(loss.node_id)
+                self.unreported_node_losses.append(loss)
+        return lost
+
+    def take_node_losses(self) -> list[NodeLoss]:
+        """The lost nodes since the last call."""
+        losses, self.unreported_node_losses = self.unreported_node_losses, []
+        return losses
 
     def take_restarts(self) -> list[RunnerRestart]:
         """The runner restarts since the last call. Kept here, not in an iteration's result, so that
@@ -167,20 +201,28 @@ class ActorGraph:
         restarts, self.unreported_restarts = self.unreported_restarts, []
         return restarts
 
-    def rebuild(self) -> None:
-        """After a learner or the replay actor died: every actor replaced in the same bundles, empty.
-        The caller loads a checkpoint into them (`restore`) or starts over."""
+    def rebuild(self, lost: list[str] | None = None) -> list[NodeLoss]:
+        """After a learner or the replay actor died (`lost`: the names of the actors that are gone):
+        every actor replaced in the same bundles (re-placed first, if a node was lost with them), empty.
+        The caller loads a checkpoint into them (`restore`) or starts over. Returns the nodes lost with
+        the gone actors."""
+        lost_nodes = self.settle_lost_nodes([actor for name, actor in self._named() if name in (lost or [])])
+        # whatever was lost (an object, say, whose node is gone), the group is whole on live nodes first
+        self.actors.await_placement(self.spec.runtime.resource_timeout_s)
         self.kill()
         self.pending_stats, self.replay_size, self.weights = [], 0, None
         self.start()
+        return lost_nodes
 
     def dead_actors(self) -> list[str]:
         """Names of the actors that are gone (a busy one, e.g. a learner waiting on a dead peer's
         collective, does not answer within the timeout and is not counted)."""
+        return self.actors.dead(self._named())
+
+    def _named(self) -> list[tuple[str, Any]]:
         named = [(f"learner {rank}", learner) for rank, learner in enumerate(self.learners)]
         named += [("replay", self.replay)] if self.replay is not None else []
-        named += [(f"env runner {index}", runner) for index, runner in enumerate(self.runners)]
-        return self.actors.dead(named)
+        return named + [(f"env runner {index}", runner) for index, runner in enumerate(self.runners)]
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def snapshot(self, with_replay_table: bool) -> dict[str, Any]:

@@ -111,6 +111,12 @@ class InlineActors:
     def dead(self, named: list[tuple[str, Any]]) -> list[str]:
         return []
 
+    def lost_nodes(self, gone: list[Any], named: list[tuple[str, Any]]) -> list[Any]:
+        return []  # one process, no nodes
+
+    def await_placement(self, timeout_s: float) -> None:
+        """No placement group: nothing to wait for."""
+
     def close(self) -> None:
         """No placement group to give back."""
 

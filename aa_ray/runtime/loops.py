@@ -28,6 +28,9 @@ all of them, and the new weights reach the runners before their next rollout. An
 which a runner failed is not learned from (its envs' share is missing).
 
 A runner that fails is replaced at once (`ActorGraph.replace_runner`) and named in the iteration.
+A chunk whose runner returned it and then lost its node (the transitions were in that node's
+object store: `ObjectLost` when the replay actor takes them) is dropped, uncounted, like the chunk a
+failed runner was collecting; the iteration's other chunks are stored.
 
 The sync and on-policy loops drive Ray actors and `runtime.backend: inline`'s in-process ones
 alike (`aa_ray.runtime.inline`); the async loop waits on whichever Ray ref lands first, so it
@@ -44,7 +47,7 @@ from aa_ray import metric_names as m
 from aa_ray.records import ChunkStats, EpisodeStats, LearnerReport
 from aa_ray.runtime.families import family_of
 from aa_ray.runtime.graph import ActorGraph
-from aa_ray.runtime.remote import get_or_failure, get_results
+from aa_ray.runtime.remote import ObjectLost, get_or_failure, get_results
 from aa_ray.spec.experiment import ExperimentSpec
 
 
@@ -108,6 +111,24 @@ def _collect(graph: ActorGraph, sampled: list[tuple[Any, Any]], it: Iteration) -
     return data
 
 
+def _stored(graph: ActorGraph, size_ref: Any, data: list[Any], it: Iteration) -> int:
+    """The replay's size once it added the chunks `data` (`it.chunks` holds their stats, in the same
+    order). A chunk lost with its node after its runner returned it made the whole add fail before it
+    ran: it is dropped with its stats, and the others are added again one by one."""
+    try:
+        return get_results(size_ref)
+    except ObjectLost:
+        kept = []
+        for ref, stats in zip(data, it.chunks, strict=True):
+            try:
+                get_results(graph.replay.add.remote(ref))
+                kept.append(stats)
+            except ObjectLost:
+                pass
+        it.chunks = kept
+        return get_results(graph.replay.add.remote())
+
+
 class SyncLoop:
     def __init__(self, spec: ExperimentSpec, graph: ActorGraph, env_steps: int):
         self.spec, self.graph = spec, graph
@@ -123,10 +144,11 @@ class SyncLoop:
         if self.learning:
             update_refs = graph.submit_update()
             graph.publish_weights()
-        size_ref = graph.replay.add.remote(*_collect(graph, sampled, it))
+        data = _collect(graph, sampled, it)
+        size_ref = graph.replay.add.remote(*data)
         if update_refs:
             it.learner = graph.finish_update(update_refs)
-        graph.replay_size = get_results(size_ref)
+        graph.replay_size = _stored(graph, size_ref, data, it)
         graph.queue_stats(it.chunks)
         self.env_steps += it.env_steps
         return it
@@ -232,7 +254,10 @@ class AsyncLoop:
             self.graph.replace_runner(index, failure)
             self.runner_version[index] = -1  # the replacement gets weights with its first chunk
             return False
-        self.graph.replay_size = get_results(self.graph.replay.add.remote(transitions))
+        try:
+            self.graph.replay_size = get_results(self.graph.replay.add.remote(transitions))
+        except ObjectLost:  # the runner returned it, then lost its node: dropped (the runner is replaced next)
+            return False
         it.policy_lags.append(self.published - version)
         it.chunks.append(stats)
         self.graph.queue_stats([stats])

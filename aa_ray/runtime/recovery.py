@@ -2,7 +2,8 @@
 (an event and `runtime/runner_restarts`). A learner or the replay actor that died takes the whole actor
 graph back to the run's last checkpoint (to the start if there is none yet), in the same MLflow run,
 up to `runtime.max_learner_restarts` times; the env steps since that checkpoint are collected again,
-and the metrics of those steps are logged twice.
+and the metrics of those steps are logged twice. A node lost with some of the actors is told first
+(a `node_lost` event naming the node and the actors it held), then what was done about each.
 """
 
 from __future__ import annotations
@@ -21,10 +22,16 @@ class Recovery:
         self.spec, self.graph, self.checkpoints, self.record = spec, graph, checkpoints, record
         self.graph_restarts = 0  # the actor graph rebuilt after a learner or the replay actor died
 
+    def report_node_losses(self, env_steps: int) -> None:
+        for loss in self.graph.take_node_losses():
+            self.record.event("node_lost", env_steps, node_id=loss.node_id, ip=loss.ip, actors=loss.actors)
+
     def report_runner_restarts(self, env_steps: int) -> None:
+        self.report_node_losses(env_steps)
         for restart in self.graph.take_restarts():
+            where = {"node_lost": restart.node} if restart.node else {}
             self.record.event("runner_restart", env_steps, runner=restart.runner, reason=restart.reason,
-                              restarts=restart.restarts)
+                              restarts=restart.restarts, **where)
             self.record.log({m.RUNTIME_RUNNER_RESTARTS: float(restart.restarts)}, env_steps)
 
     def rebuild_graph(self, reason: str, lost_state: DriverState, reports: bool) -> DriverState:
@@ -40,7 +47,8 @@ class Recovery:
                 f"{', '.join(lost)} died ({reason}) after runtime.max_learner_restarts={limit} restarts of the "
                 f"actor graph in this run; {self.checkpoints.resume_hint()}"
             )
-        self.graph.rebuild()
+        lost_nodes = self.graph.rebuild(lost)
+        self.report_node_losses(lost_at)
         state = self.checkpoints.restore_last(self.graph, reports)
         if state is None:  # from the start
             state = DriverState.fresh(self.spec, reports)
@@ -48,10 +56,11 @@ class Recovery:
         env_steps = state.counters.env_steps
         state.counters.evals = [e for e in lost_state.counters.evals if e[m.EVAL_AT_ENV_STEPS] <= env_steps]
         self.graph.publish_weights()
+        where = {"nodes_lost": [loss.node_id for loss in lost_nodes]} if lost_nodes else {}
         self.record.event(
             "actor_graph_restart", env_steps, lost=lost, reason=reason, lost_at_env_steps=lost_at,
             resumed_from=str(self.checkpoints.last or "the start"), replay_size=self.graph.replay_size,
-            restarts=self.graph_restarts,
+            restarts=self.graph_restarts, **where,
         )
         self.record.log({m.RUNTIME_GRAPH_RESTARTS: float(self.graph_restarts)}, env_steps)
         return state

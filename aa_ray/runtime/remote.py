@@ -3,7 +3,8 @@ actor's failure into one readable error.
 
 Used by every driver that calls actors (the trainer, `aa_ray.data.rollout`). An actor that raised
 surfaces as `TrainingError` with its own exception's message; an actor that is gone (killed, out
-of memory, its node lost) as `ActorLost`, which the trainer recovers from.
+of memory, its node lost) as `ActorLost`, which the trainer recovers from; a call whose argument was
+lost with its node's object store as `ObjectLost` (an `ActorLost`).
 
 A call on an inline actor (`runtime.backend: inline`, `aa_ray.runtime.inline`) runs when it is
 submitted and returns a `Ready` where a Ray actor returns an object ref; Ray is imported only to
@@ -23,6 +24,12 @@ class TrainingError(RuntimeError):
 
 class ActorLost(TrainingError):
     """An actor died (killed, out of memory, its node lost) rather than raising an exception."""
+
+
+class ObjectLost(ActorLost):
+    """An object a call needed (a runner's transitions, a learner's weights) was lost with the node whose
+    object store held it: the call never ran. Recovered from like a dead actor, unless the caller can
+    do without the object (a chunk of transitions is dropped)."""
 
 
 class ActorStartFailed(TrainingError):
@@ -68,9 +75,15 @@ def describe_failure(err: Exception) -> str:
 
     if isinstance(err, ray.exceptions.RayActorError) and err.actor_init_failed:
         return creation_failure(err.error_msg)
+    if isinstance(err, ray.exceptions.ObjectLostError):  # also RayTaskError(ObjectLostError): an argument's
+        lost = err.cause if isinstance(err, ray.exceptions.RayTaskError) and err.cause is not None else err
+        return (f"an object it needed was lost ({type(lost).__name__}: object "
+                f"{getattr(lost, 'object_ref_hex', '?')}, gone with its node or its owner)")
     if isinstance(err, ray.exceptions.RayTaskError):
         cause = err.cause if getattr(err, "cause", None) is not None else err
         return f"{type(cause).__name__}: {cause}"
+    if isinstance(err, ray.exceptions.ActorUnavailableError):  # its node may be gone: Ray has not decided yet
+        return f"the actor could not be reached ({err.error_msg.splitlines()[0]})"
     if isinstance(err, ray.exceptions.RayActorError):
         return "the actor died" + (f" ({err.error_msg.splitlines()[0]})" if getattr(err, "error_msg", "") else "")
     return f"{type(err).__name__}: {err}"
@@ -96,6 +109,8 @@ def get_results(refs: Any) -> Any:
         if err.actor_init_failed:
             raise ActorStartFailed(describe_failure(err)) from None
         raise ActorLost(describe_failure(err)) from None
+    except ray.exceptions.ObjectLostError as err:  # before RayTaskError: a task whose argument was lost is both
+        raise ObjectLost(describe_failure(err)) from None
     except ray.exceptions.RayTaskError as err:
         raise TrainingError(describe_failure(err)) from None
 
@@ -127,5 +142,5 @@ def get_or_failure(ref: Any) -> tuple[Any, str | None]:
         if err.actor_init_failed:  # a replacement that cannot start either: replacing it again would not help
             raise ActorStartFailed(describe_failure(err)) from None
         return None, describe_failure(err)
-    except ray.exceptions.RayTaskError as err:
+    except (ray.exceptions.RayTaskError, ray.exceptions.ObjectLostError) as err:
         return None, describe_failure(err)

@@ -19,7 +19,11 @@ A learner or the replay actor that dies (killed, out of memory, its node gone) t
 graph back to the last checkpoint: every actor is replaced in the same bundles, the checkpoint's
 learner, replay, runner and driver state is loaded, and the run goes on in the same MLflow run (up
 to `runtime.max_learner_restarts`; logged as `runtime/graph_restarts` and an event). A learner that
-raises ends the run with an error naming the last checkpoint to resume from.
+raises ends the run with an error naming the last checkpoint to resume from. A lost node (its raylet
+ended) is the two at once for the actors it held: once Ray has declared it dead and re-placed its
+bundles on the surviving nodes, its runners are replaced there, and a learner or the replay lost
+with it takes the graph back to the last checkpoint; a `node_lost` event names the node and those
+actors. A lost node so costs at most the env steps since the last checkpoint.
 
 Checkpoints hold everything the next iteration depends on (`save_checkpoint`), so in sync mode a
 run resumed from one continues exactly as the uninterrupted run would have.

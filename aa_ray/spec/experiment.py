@@ -300,6 +300,14 @@ class RuntimeSpec(SpecModel):
         1e5, description="warn (learner/q_exploding) when the critic's largest value exceeds this"
     )
     replay_cpus: PositiveFloat = Field(0.5, description="CPUs reserved for the replay actor")
+    placement: Literal["pack", "spread"] = Field(
+        "pack",
+        description="how the run's placement group lays its bundles over the cluster's nodes. pack: on as few "
+        "nodes as possible (Ray's PACK); spread: over as many as possible (Ray's soft SPREAD), so a lost node takes "
+        "fewer runners with it and a multi-node cluster's runners use every node. Either way Ray re-places the "
+        "bundles of a lost node on the surviving nodes when they have room (the replay actor always shares "
+        "learner 0's bundle)",
+    )
     trace: bool = Field(
         False,
         description="write trace.json (the driver's phases and Ray's timeline of every actor call, Chrome-trace "

@@ -25,7 +25,7 @@ from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import set_values, spec_hash, validate_spec
 from aa_ray.tune.parent import ParentRun, absolute_paths, end_invocation, tune_storage
 from aa_ray.tune.specs import Pipeline, RolloutStage, parse_reference
-from aa_ray.tune.trials import DRIVER_CPUS, rollout_trial, train_trial
+from aa_ray.tune.trials import DRIVER_CPUS, rollout_trial, train_trial, trial_resources
 
 RECORD_FILE = "stage.json"  # written last, when a stage completed: its key, outputs and MLflow run
 DATASET_FILE = "dataset.parquet"
@@ -170,7 +170,7 @@ def _largest_stage_cpus(pipeline: Pipeline) -> float:
 def _run_stage(plan: StagePlan, tracking: dict[str, Any] | None, max_failures: int, root: Path, storage: str) -> None:
     trainable, config = plan.trial_config(tracking)
     tuner = tune.Tuner(
-        tune.with_resources(trainable, tune.PlacementGroupFactory(plan.bundles())),
+        tune.with_resources(trainable, trial_resources(plan.spec, plan.bundles())),
         param_space=config,
         run_config=tune.RunConfig(
             name=f"{plan.name}-{plan.key}", storage_path=storage,

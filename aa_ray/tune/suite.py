@@ -29,7 +29,7 @@ from aa_ray.tracking.mlflow_tracker import retry_locked
 from aa_ray.tracking.suite_report import ENV_TAG, LABEL_TAG, REFERENCES_TAG, SUPERSEDED_TAG
 from aa_ray.tune.parent import ParentRun, absolute_paths, end_invocation, tune_storage
 from aa_ray.tune.specs import Suite
-from aa_ray.tune.trials import train_trial, trial_bundles
+from aa_ray.tune.trials import train_trial, trial_bundles, trial_resources
 
 SUITE_FILE = "suite.json"  # the parent run this suite's invocations share
 RECORD_FILE = "cell.json"  # written when a cell's run has finished
@@ -198,7 +198,7 @@ def _run_cells(suite: Suite, todo: list[CellPlan], cells: dict[str, dict[str, An
     spec = suite.spec
     plans = {plan.name: plan for plan in todo}
     storage = tune_storage(spec.storage, root / "tune", suite.path)
-    resources = lambda config: tune.PlacementGroupFactory(trial_bundles(plans[config["cell"]].spec))  # noqa: E731
+    resources = lambda config: trial_resources(plans[config["cell"]].spec)  # noqa: E731
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(suite_trial, cells=cells), resources),
         param_space={"cell": tune.grid_search(list(plans))},

@@ -16,7 +16,7 @@ from aa_ray import metric_names as m
 from aa_ray.spec.loader import set_values, validate_spec
 from aa_ray.tune.parent import ParentRun, absolute_paths, end_invocation, tune_storage
 from aa_ray.tune.specs import Sweep
-from aa_ray.tune.trials import train_trial, trial_bundles
+from aa_ray.tune.trials import train_trial, trial_bundles, trial_resources
 
 
 def _format(value: Any) -> str:
@@ -68,9 +68,7 @@ def run_sweep(sweep: Sweep, track: bool = True, report: Any = print) -> dict[str
             sweep_trial, base=base, root=str(root), tracking=parent.child_tracking(spec.name, {}) if parent else None
         )
         # each trial's placement group: a bundle for the trial itself, then its own spec's bundles
-        resources = lambda config: tune.PlacementGroupFactory(  # noqa: E731
-            trial_bundles(validate_spec(set_values(base, config["params"])))
-        )
+        resources = lambda config: trial_resources(validate_spec(set_values(base, config["params"])))  # noqa: E731
         tuner = tune.Tuner(
             tune.with_resources(trainable, resources),
             param_space={"params": {key: domain.to_tune() for key, domain in spec.search_space.items()}},

@@ -13,6 +13,7 @@ from typing import Any
 from ray import tune
 
 from aa_ray import metric_names as m
+from aa_ray.runtime.cluster import PLACEMENT_STRATEGIES
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import spec_hash, validate_spec
 from aa_ray.tracking.mlflow_tracker import PARENT_TAG, RunContext, retry_locked
@@ -24,6 +25,13 @@ TRIAL_TAG = "aa_ray.trial_id"
 def trial_bundles(spec: ExperimentSpec) -> list[dict[str, float]]:
     """A training trial's placement group: the trial's own bundle, then the run's actors."""
     return [{"CPU": DRIVER_CPUS}, *spec.bundles()]
+
+
+def trial_resources(spec: ExperimentSpec, bundles: list[dict[str, float]] | None = None) -> tune.PlacementGroupFactory:
+    """What Tune reserves for a trial: its placement group (`trial_bundles` unless `bundles` is given),
+    laid over the nodes as the spec's `runtime.placement` says."""
+    bundles = trial_bundles(spec) if bundles is None else bundles
+    return tune.PlacementGroupFactory(bundles, strategy=PLACEMENT_STRATEGIES[spec.runtime.placement])
 
 
 def run_context(config: dict[str, Any], trial_id: str) -> RunContext:
