@@ -110,7 +110,11 @@ def _positive_int(text: str) -> int:
 
 
 def _fail(message: str, code: int = 2) -> int:
-    print(f"aa-ray: error: {message}", file=sys.stderr)
+    # messages quote URIs (credentials scrubbed) and user strings (control characters shown, not obeyed)
+    from aa_ray.runtime.progress import printable
+    from aa_ray.tracking.credentials import scrub_uris
+
+    print(f"aa-ray: error: {printable(scrub_uris(message))}", file=sys.stderr)
     return code
 
 

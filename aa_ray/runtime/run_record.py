@@ -1,6 +1,11 @@
 """What a run leaves for people: its MLflow run (metrics and artifacts), the events in its
 `events.jsonl`, the lines of its progress display, its evaluation videos and its trace. The trainer
 decides what happened; this room says it, in each place it belongs.
+
+What it says is scrubbed of credentials (`tracking.credentials`: a URI in an error message or an
+event's details loses its `user:password@` and secret query values) and, on the console, escaped
+(`progress.shown`). The MLflow store's own news (it stopped answering, answers again, refused a
+write) become events like any other.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from aa_ray.runtime.progress import ProgressDisplay, task_metric
 from aa_ray.runtime.run_files import EVENTS_FILE, write_event, write_video
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import spec_yaml
+from aa_ray.tracking.credentials import scrub_uris, scrubbed
 
 if TYPE_CHECKING:
     from aa_ray.tracking.mlflow_tracker import MlflowTracker, RunContext
@@ -31,6 +37,11 @@ class RunRecord:
         self.track, self.live, self.context = track, live, context
         self.tracker: MlflowTracker | None = None  # made by `start` when the run is tracked
         self.progress: ProgressDisplay | None = None  # shown while `showing_progress` lasts
+        self.last_step = 0  # env steps of the last metrics logged (where the run's last events go)
+        if track:  # a tracking server that does not answer stops the run here, before anything starts
+            from aa_ray.tracking.mlflow_tracker import check_store_answers, store_uri
+
+            check_store_answers(store_uri(context))
 
     @property
     def mlflow_run_id(self) -> str | None:
@@ -61,6 +72,13 @@ class RunRecord:
         if self.tracker is not None:
             with self.phases.timed(m.PHASE_TRACKING):
                 self.tracker.log_metrics(metrics, step)
+            self.last_step = step
+            self._tracking_events(step)
+
+    def _tracking_events(self, env_steps: int) -> None:
+        """The store's news since the last look (tracking_unreachable, tracking_restored, ...) as events."""
+        for notice in self.tracker.notices():
+            self.event(notice.kind, env_steps, **notice.details)
 
     def show(self, env_steps: int, metrics: dict[str, float]) -> None:
         """An iteration's metrics, logged and on the progress display."""
@@ -70,11 +88,11 @@ class RunRecord:
 
     def message(self, text: str) -> None:
         if self.progress is not None:
-            self.progress.message(text)
+            self.progress.message(scrub_uris(text))
 
     def event(self, kind: str, env_steps: int, **details: Any) -> None:
         """Print an event and append it to the run's events.jsonl (an MLflow artifact at the end)."""
-        self.message(write_event(self.run_dir, kind, env_steps, **details))
+        self.message(write_event(self.run_dir, kind, env_steps, **scrubbed(details)))
 
     def video(self, env_steps: int, video: bytes) -> None:
         path = write_video(self.run_dir, env_steps, video)
@@ -105,4 +123,9 @@ class RunRecord:
         if self.tracker is not None:
             if (self.run_dir / EVENTS_FILE).is_file():
                 self.tracker.log_artifact(self.run_dir / EVENTS_FILE)
-            self.tracker.finish(status)
+            # a preempted run's checkpoint is on disk already, and its grace period is short
+            unsent = self.tracker.finish(status, say=self.message, wait_s=10.0 if status == "KILLED" else None)
+            self._tracking_events(self.last_step)
+            if unsent:
+                self.event("tracking_unsent", self.last_step, metrics=unsent, reason="the MLflow store did not answer "
+                           "before the run's end; these metrics are not in the MLflow run")

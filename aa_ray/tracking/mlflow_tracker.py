@@ -1,15 +1,19 @@
 """MLflow tracking for one training run: params, tags, batched metrics and artifacts.
 
-Talks to the store through `MlflowClient` with an explicit run id (no global active run), and
-buffers metrics so the store sees one `log_batch` call every few seconds, not one per value.
-Runs of a sweep or pipeline are nested under a parent run (`RunContext.parent_run_id`); several
-trials then write to one store at once, so a write that finds a local SQLite store locked by
-another process waits and retries instead of failing.
+Talks to the store through `MlflowClient` with an explicit run id (no global active run). Once the
+run is open, every write goes through an `Outbox` (`outbox.py`): a thread of its own sends metrics
+in batches every few seconds, and keeps them, in order, while the store does not answer, so the
+training loop never waits for MLflow and a tracking server down for minutes loses no metric. Runs
+of a sweep or pipeline are nested under a parent run (`RunContext.parent_run_id`); several trials
+then write to one store at once, so a write that finds a local SQLite store locked by another
+process waits and retries instead of failing. A tracking server that does not answer when the run
+starts is one message naming it (its credentials left out) and what to do.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import time
@@ -22,6 +26,7 @@ from urllib.parse import urlencode
 
 import mlflow
 from mlflow.entities import Metric, Param, Run
+from mlflow.environment_variables import MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from sqlalchemy.exc import SQLAlchemyError
@@ -29,13 +34,19 @@ from sqlalchemy.exc import SQLAlchemyError
 from aa_ray.errors import UserError
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import flatten, spec_hash, spec_to_dict
+from aa_ray.tracking.credentials import scrub_uris, scrubbed, without_credentials
+from aa_ray.tracking.outbox import FINISH_WAIT_S, FLUSH_WAIT_S, MAX_BATCH, Notice, Outbox, store_answers
 
-_MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch call
 _MAX_PARAMS = 100  # and of params per call
 _LOCK_WAIT_S = 120.0  # give up on a locked SQLite store after this long
 PARENT_TAG = "mlflow.parentRunId"  # the tag the MLflow UI nests runs by
 
 T = TypeVar("T")
+
+# MLflow's client prints "View run ... at: <the tracking URI as given>/#/..." when a run on a tracking
+# server ends: credentials included. aa-ray prints its own link without them (`run_link`), so MLflow's
+# is turned off in this process and those it starts (Tune trials, Ray workers), unless the user chose.
+os.environ.setdefault(MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT.name, "true")
 
 # what a store that cannot be opened or written raises: MLflow's own errors (an unsupported URI
 # scheme, a read-only database), the file system's (a folder that cannot be made), SQLAlchemy's
@@ -47,19 +58,36 @@ class TrackingError(UserError):
     paragraph, like any other setting a run cannot start with."""
 
 
+_NO_TRACKING = "run without tracking (--no-track, or tracking.enabled: false in the spec)"
+
+
+def check_store_answers(uri: str) -> None:
+    """A tracking server that does not answer now is a TrackingError in one line, at once (MLflow's
+    client would retry each call for minutes first)."""
+    problem = store_answers(uri)
+    if problem is not None:
+        raise TrackingError(
+            f"MLflow tracking server {without_credentials(uri)} does not answer ({problem}): start it (e.g. "
+            f"mlflow server --host 127.0.0.1 --port 5000), point MLFLOW_TRACKING_URI at one that runs, "
+            f"or {_NO_TRACKING}."
+        )
+
+
 @contextmanager
 def opening_store(uri: str) -> Iterator[None]:
-    """Turn a store that cannot be opened or written at start-up into one TrackingError naming the
-    URI (the store's own error stays attached as the cause, with its traceback)."""
+    """Check that a tracking server answers, and turn a store that cannot be opened or written at
+    start-up into one TrackingError naming the URI without its credentials (the store's own error
+    stays attached as the cause, with its traceback)."""
+    check_store_answers(uri)
     try:
         yield
     except _STORE_ERRORS as err:
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        reason = scrub_uris(str(err).splitlines()[0]) if str(err) else type(err).__name__
         raise TrackingError(
-            f"MLflow tracking URI {uri!r}: cannot record the run there ({type(err).__name__}: {reason[:300]}). "
+            f"MLflow tracking URI {without_credentials(uri)!r}: cannot record the run there "
+            f"({type(err).__name__}: {reason[:300]}). "
             "Set MLFLOW_TRACKING_URI to a store this process can write, e.g. sqlite:///mlflow.db in a writable "
-            "folder or http://<host>:5000 for a tracking server, or run without tracking "
-            "(--no-track, or tracking.enabled: false in the spec)."
+            f"folder or http://<host>:5000 for a tracking server, or {_NO_TRACKING}."
         ) from err
 
 
@@ -72,6 +100,11 @@ class RunContext:
     run_name: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
     run_id: str | None = None  # continue this run (a retried trial that had not checkpointed yet)
+
+
+def store_uri(context: RunContext | None = None) -> str:
+    """The store a run records itself in: its context's, else MLflow's (MLFLOW_TRACKING_URI or the default)."""
+    return (context.tracking_uri if context else None) or mlflow.get_tracking_uri()
 
 
 def resolved_tracking_uri(uri: str | None = None) -> str:
@@ -104,9 +137,12 @@ EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_dev
 
 
 def ui_base(tracking_uri: str) -> str:
-    """Where the MLflow UI for this store is: the tracking server itself, or what `mlflow ui`
-    serves by default for a local store."""
-    return tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+    """Where the MLflow UI for this store is: the tracking server itself (without the credentials in
+    its URI: every link aa-ray prints or returns starts here), or what `mlflow ui` serves by default
+    for a local store."""
+    if tracking_uri.startswith(("http://", "https://")):
+        return without_credentials(tracking_uri).rstrip("/")
+    return "http://127.0.0.1:5000"
 
 
 _TRAINING_VIEW = "workflowType=machine_learning"  # MLflow 3 opens its GenAI view otherwise
@@ -156,8 +192,8 @@ def log_in_batches(
     """Log any number of metrics and params, in calls within MLflow's per-call limits."""
     for i in range(0, len(params), _MAX_PARAMS):
         retry_locked(lambda chunk=params[i : i + _MAX_PARAMS]: client.log_batch(run_id, params=list(chunk)))
-    for i in range(0, len(metrics), _MAX_BATCH):
-        retry_locked(lambda chunk=metrics[i : i + _MAX_BATCH]: client.log_batch(run_id, metrics=list(chunk)))
+    for i in range(0, len(metrics), MAX_BATCH):
+        retry_locked(lambda chunk=metrics[i : i + MAX_BATCH]: client.log_batch(run_id, metrics=list(chunk)))
 
 
 def search_all_runs(client: MlflowClient, experiment_ids: list[str], filter_string: str = "") -> list[Run]:
@@ -166,7 +202,7 @@ def search_all_runs(client: MlflowClient, experiment_ids: list[str], filter_stri
     token = None
     while True:
         page = retry_locked(lambda token=token: client.search_runs(
-            experiment_ids, filter_string, max_results=_MAX_BATCH, page_token=token
+            experiment_ids, filter_string, max_results=MAX_BATCH, page_token=token
         ))
         runs += page
         token = page.token
@@ -188,13 +224,15 @@ def git_commit() -> str | None:
 class MlflowTracker:
     def __init__(self, spec: ExperimentSpec, run_id: str | None = None, context: RunContext | None = None):
         context = context or RunContext()
-        self.flush_every_s = spec.tracking.flush_every_s
-        self.pending: list[Metric] = []
-        self.last_flush = time.monotonic()
-        uri = context.tracking_uri or mlflow.get_tracking_uri()
+        uri = store_uri(context)
         with opening_store(uri):
             self.client = MlflowClient(tracking_uri=uri)
             self.run_id = self._open_run(spec, run_id or context.run_id, context)
+            self.experiment_id = retry_locked(lambda: self.client.get_run(self.run_id)).info.experiment_id
+        self.outbox = Outbox(uri, self._send_metrics, spec.tracking.flush_every_s)
+
+    def _send_metrics(self, metrics: list[Metric]) -> None:
+        retry_locked(lambda: self.client.log_batch(self.run_id, metrics=metrics))
 
     def _open_run(self, spec: ExperimentSpec, run_id: str | None, context: RunContext) -> str:
         if run_id is not None:  # resuming: keep writing into the same run
@@ -212,38 +250,48 @@ class MlflowTracker:
         commit = git_commit()
         if commit:
             tags["git_commit"] = commit
-        run_id = start_run(self.client, spec.tracking.experiment, tags)
-        params = [Param(k, str(v)[:6000]) for k, v in flatten(spec_to_dict(spec)).items()]
+        run_id = start_run(self.client, spec.tracking.experiment, scrubbed(tags))
+        # a spec value may be a URI with credentials (an output folder on object storage, an env's endpoint)
+        params = [Param(k, scrub_uris(str(v))[:6000]) for k, v in flatten(spec_to_dict(spec)).items()]
         log_in_batches(self.client, run_id, params=params)
         return run_id
 
     @property
     def uri(self) -> str:
+        """The store's URI as given, credentials included: to connect with, never to show."""
         return str(self.client.tracking_uri)
 
     @property
     def url(self) -> str:
-        """The run's page in the MLflow UI."""
-        experiment_id = retry_locked(lambda: self.client.get_run(self.run_id)).info.experiment_id
-        return run_link(self.uri, experiment_id, self.run_id)
+        """The run's page in the MLflow UI (no credentials in it)."""
+        return run_link(self.uri, self.experiment_id, self.run_id)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        now_ms = int(time.time() * 1000)
-        self.pending += [Metric(k, float(v), now_ms, step) for k, v in metrics.items()]
-        if time.monotonic() - self.last_flush >= self.flush_every_s:
-            self.flush()
+        """Queue metrics for the outbox's next batch; returns at once, whether the store answers or not."""
+        self.outbox.put_metrics(metrics, step, int(time.time() * 1000))
 
-    def flush(self) -> None:
-        log_in_batches(self.client, self.run_id, metrics=self.pending)
-        self.pending = []
-        self.last_flush = time.monotonic()
+    def flush(self) -> bool:
+        """Store every metric logged so far, waiting a bounded time, and not at all while the store is
+        down (they stay queued and go once it answers). Whether all are stored."""
+        return self.outbox.flush(FLUSH_WAIT_S)
 
     def log_artifacts(self, folder: Path, artifact_path: str) -> None:
-        retry_locked(lambda: self.client.log_artifacts(self.run_id, str(folder), artifact_path))
+        self.outbox.put_call(f"artifacts {folder}", lambda: retry_locked(
+            lambda: self.client.log_artifacts(self.run_id, str(folder), artifact_path)))
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
-        retry_locked(lambda: self.client.log_artifact(self.run_id, str(path), artifact_path))
+        self.outbox.put_call(f"artifact {path}", lambda: retry_locked(
+            lambda: self.client.log_artifact(self.run_id, str(path), artifact_path)))
 
-    def finish(self, status: str = "FINISHED") -> None:
-        self.flush()
-        retry_locked(lambda: self.client.set_terminated(self.run_id, status=status))
+    def notices(self) -> list[Notice]:
+        """What happened to the store since the last call (it stopped answering, answers again,
+        refused a write): the run records each as an event."""
+        return self.outbox.take_notices()
+
+    def finish(self, status: str = "FINISHED", say: Callable[[str], None] = print, wait_s: float | None = None) -> int:
+        """End the run with `status` once everything before it is stored, waiting up to `wait_s`
+        (default FINISH_WAIT_S) for a store that does not answer (`say`ing so). The number of
+        metrics that could not be stored."""
+        self.outbox.put_call(f"the run's end ({status})", lambda: retry_locked(
+            lambda: self.client.set_terminated(self.run_id, status=status)))
+        return self.outbox.close(FINISH_WAIT_S if wait_s is None else wait_s, say)

@@ -21,6 +21,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from aa_ray import metric_names
+from aa_ray.tracking.credentials import without_credentials
 from aa_ray.tracking.curves import Curve, ReportError, aggregate, load_curve, write_html
 from aa_ray.tracking.mlflow_tracker import PARENT_TAG, resolved_tracking_uri, search_all_runs
 from aa_ray.tracking.suite_report import make_suite_report
@@ -44,8 +45,8 @@ def select_runs(client: MlflowClient, experiment: str | None, parent: str | None
     name = experiment or "aa-ray"
     found = client.get_experiment_by_name(name)
     if found is None:
-        raise ReportError(f"MLflow has no experiment {name!r} at {client.tracking_uri} (set MLFLOW_TRACKING_URI "
-                          "to the store your runs are in, or pass --experiment)")
+        raise ReportError(f"MLflow has no experiment {name!r} at {without_credentials(client.tracking_uri)} "
+                          "(set MLFLOW_TRACKING_URI to the store your runs are in, or pass --experiment)")
     runs = search_all_runs(client, [found.experiment_id])
     return [run for run in runs if "aa_ray.kind" not in run.data.tags]  # training runs, not sweep parents
 
