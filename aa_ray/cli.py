@@ -13,6 +13,10 @@ from aa_ray import metric_names
 from aa_ray.errors import UserError
 from aa_ray.spec.loader import load_spec, spec_hash, spec_yaml
 
+# `aa-ray run` stopped by SIGTERM or SIGINT after writing its checkpoint: sysexits' EX_TEMPFAIL ("try
+# again later"), so a job scheduler can tell a preempted run, to requeue, from a failed one (1)
+PREEMPTED_EXIT_CODE = 75
+
 if TYPE_CHECKING:
     from aa_ray.spec.experiment import ExperimentSpec
 
@@ -30,7 +34,11 @@ def _parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="train: embedded local Ray, or RAY_ADDRESS when set")
     with_spec(run)
-    run.add_argument("--resume", metavar="CHECKPOINT", help="continue from a checkpoint folder")
+    run.add_argument(
+        "--resume", metavar="CHECKPOINT",
+        help="continue from a checkpoint folder; 'latest': the newest checkpoint of this spec's newest run under "
+        "runtime.output_dir (a new run if there is none: the same command serves a job that is requeued)",
+    )
     run.add_argument("--no-track", action="store_true", help="do not record the run in MLflow")
     run.add_argument("--plain", action="store_true", help="plain log lines instead of the live display")
 
@@ -161,21 +169,34 @@ def _run(spec: ExperimentSpec, args: argparse.Namespace) -> int:
     """`aa-ray run`: the Python API's fit, its errors as one message each."""
     from aa_ray.api import Experiment
     from aa_ray.data.dataset import DatasetError
+    from aa_ray.runtime.cadence import PREEMPTED
     from aa_ray.runtime.checkpoint import CheckpointError
     from aa_ray.runtime.cluster import ResourceError
     from aa_ray.runtime.remote import TrainingError
+    from aa_ray.runtime.run_checkpoints import latest_checkpoint
 
     experiment = Experiment(spec)
+    resume = args.resume
+    if resume == "latest":
+        resume = latest_checkpoint(spec)
+        print(f"resuming from {resume}" if resume else
+              f"no checkpoint of {spec.name} under {spec.runtime.output_dir}: starting a new run")
     try:
-        result = experiment.fit(resume=args.resume, track=False if args.no_track else None,
+        result = experiment.fit(resume=resume, track=False if args.no_track else None,
                                 progress="plain" if args.plain else "auto")
     except (UserError, DatasetError, CheckpointError) as err:
         return _fail(str(err))
     except (ResourceError, TrainingError) as err:
         last = experiment.trainer.last_checkpoint if experiment.trainer else None
         return _fail(f"{err}" + (f" Last checkpoint: {last}." if last else ""), code=1)
-    except KeyboardInterrupt:
-        return _fail("interrupted", code=130)
+    except KeyboardInterrupt as err:
+        last = experiment.trainer.last_checkpoint if experiment.trainer else None
+        return _fail(f"interrupted{f' ({err})' if str(err) else ''}" + (f"; last checkpoint: {last}" if last else ""),
+                     code=130)
+    if result.stop_reason == PREEMPTED:
+        print(f"stopped by a signal at {result.env_steps:,} env steps; checkpoint: {result.checkpoint}\n"
+              "continue it with the same command and --resume latest", file=sys.stderr)
+        return PREEMPTED_EXIT_CODE
     print(f"run folder: {result.run_dir}")
     if result.mlflow_run_id:
         print(f"mlflow run: {result.mlflow_run_id}  {result.mlflow_url}" + _ui_hint(result.mlflow_url))

@@ -13,9 +13,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
@@ -41,9 +43,9 @@ def overrides(*extra: str) -> list[str]:
     return [arg for item in [*SMALL, *extra] for arg in ("--set", item)]
 
 
-def metric_history(run_id: str) -> dict[tuple[str, int], float]:
+def metric_history(run_id: str, tracking_uri: str | None = None) -> dict[tuple[str, int], float]:
     """(metric, step) -> value; a step logged again after a resume keeps its newest value."""
-    client = MlflowClient()
+    client = MlflowClient(tracking_uri)
     history = {}
     for key in client.get_run(run_id).data.metrics:
         if any(part in key for part in TIMING):
@@ -64,16 +66,49 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 180) -> 
         time.sleep(0.05)
 
 
-def test_a_killed_and_resumed_run_repeats_the_uninterrupted_one_exactly(tmp_path: Path) -> None:
-    """Sync mode, seed 0: SIGKILL the driver after its second checkpoint, resume with --resume;
-    every logged metric at every step, and the final weights, equal an uninterrupted run's. (The
-    steps before the kill come from a separate process, so this also proves sync mode reproducible.)"""
-    settings = overrides("budget.env_steps=900", "checkpoint.every_env_steps=300", "eval.every_env_steps=300")
-    whole = subprocess.run(aa_ray_command(*settings, "--set", "runtime.output_dir=whole"),
-                           capture_output=True, text=True, timeout=600)
-    assert whole.returncode == 0, whole.stderr[-3000:]
+SETTINGS = overrides("budget.env_steps=900", "checkpoint.every_env_steps=300", "eval.every_env_steps=300")
 
-    killed = subprocess.Popen(aa_ray_command(*settings, "--set", "runtime.output_dir=killed"),
+
+@dataclass
+class Finished:
+    metrics: dict[tuple[str, int], float]  # (metric, step) -> value, from the run's MLflow history
+    policy: dict[str, torch.Tensor]  # the final checkpoint's policy weights
+
+
+def finished(stdout: str, output_dir: Path, tracking_uri: str | None = None) -> Finished:
+    final = load_checkpoint(next(output_dir.glob("*/checkpoints/final")))
+    return Finished(metric_history(mlflow_run_id(stdout), tracking_uri), final["learner"]["algo"]["policy"])
+
+
+@pytest.fixture(scope="module")
+def whole_run(tmp_path_factory: pytest.TempPathFactory) -> Finished:
+    """The uninterrupted run (sync mode, seed 0) the interrupted ones must repeat, in a folder of its
+    own (its own MLflow store)."""
+    folder = tmp_path_factory.mktemp("whole")
+    tracking_uri = f"sqlite:///{folder}/mlflow.db"
+    whole = subprocess.run(aa_ray_command(*SETTINGS, "--set", f"runtime.output_dir={folder}"), capture_output=True,
+                           text=True, timeout=600, cwd=folder, env={**os.environ, "MLFLOW_TRACKING_URI": tracking_uri})
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    return finished(whole.stdout, folder, tracking_uri)
+
+
+def assert_repeats(whole: Finished, resumed: Finished, resumed_at: int) -> None:
+    """The resumed run's metrics and final policy are the uninterrupted run's."""
+    expected, actual = whole.metrics, dict(resumed.metrics)
+    assert actual.pop(("run/resumed_at", resumed_at)) == resumed_at  # the one addition: the resume's marker
+    after_resume = [key for key in expected if key[1] > resumed_at]
+    assert len(after_resume) > 40 and ("eval/return", max(step for _, step in expected)) in after_resume
+    differing = sorted(key for key in expected.keys() | actual.keys() if expected.get(key) != actual.get(key))
+    assert not differing, differing[:20]
+    for name, tensor in whole.policy.items():
+        assert torch.equal(tensor, resumed.policy[name]), name
+
+
+def test_a_killed_and_resumed_run_repeats_the_uninterrupted_one_exactly(whole_run: Finished, tmp_path: Path) -> None:
+    """Sync mode, seed 0: SIGKILL the driver after its second checkpoint, resume with --resume;
+    the metric history and the final policy must match the uninterrupted run exactly. (All env
+    steps before the kill come from a separate process, so this also proves sync mode reproducible.)"""
+    killed = subprocess.Popen(aa_ray_command(*SETTINGS, "--set", "runtime.output_dir=killed"),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     def written() -> list[Path]:  # complete checkpoints (a folder being written is named step_*.partial)
         return sorted(p for p in (tmp_path / "killed").glob("*/checkpoints/step_*") if "." not in p.name)
@@ -87,20 +122,46 @@ def test_a_killed_and_resumed_run_repeats_the_uninterrupted_one_exactly(tmp_path
     resumed_at = load_checkpoint(last)["counters"]["env_steps"]
     assert 600 <= resumed_at < 900
 
-    resumed = subprocess.run(aa_ray_command(*settings, "--set", "runtime.output_dir=killed", "--resume", str(last)),
+    resumed = subprocess.run(aa_ray_command(*SETTINGS, "--set", "runtime.output_dir=killed", "--resume", str(last)),
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_repeats(whole_run, finished(resumed.stdout, tmp_path / "killed"), resumed_at)
 
-    expected, actual = metric_history(mlflow_run_id(whole.stdout)), metric_history(mlflow_run_id(resumed.stdout))
-    assert actual.pop(("run/resumed_at", resumed_at)) == resumed_at  # the one addition: the resume's marker
-    after_resume = [key for key in expected if key[1] > resumed_at]
-    assert len(after_resume) > 40 and ("eval/return", max(step for _, step in expected)) in after_resume
-    differing = sorted(key for key in expected.keys() | actual.keys() if expected.get(key) != actual.get(key))
-    assert not differing, differing[:20]
-    final_state = [load_checkpoint(next((tmp_path / run).glob("*/checkpoints/final")))["learner"]["algo"]
-                   for run in ("whole", "killed")]
-    for name, tensor in final_state[0]["policy"].items():
-        assert torch.equal(tensor, final_state[1]["policy"][name]), name
+
+def test_a_run_stopped_by_sigterm_checkpoints_and_resumes_where_it_stopped(whole_run: Finished, tmp_path: Path) -> None:
+    """SIGTERM (a preemption notice) between two checkpoints: the driver ends its iteration, writes a
+    checkpoint there, marks the MLflow run KILLED and exits with 75; `--resume latest` (the same
+    command a requeued job runs) continues from that checkpoint, and the run repeats the
+    uninterrupted one exactly, as after a SIGKILL, but losing no step."""
+    stopped = subprocess.Popen(aa_ray_command(*SETTINGS), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)
+    checkpoints = tmp_path / "runs"
+    wait_for(lambda: any(p for p in checkpoints.glob("*/checkpoints/step_*") if "." not in p.name)
+             or stopped.poll() is not None, "the first checkpoint")
+    time.sleep(1.0)  # into the next interval: what SIGKILL would lose
+    assert stopped.poll() is None, "the run ended before it could be stopped"
+    sent = time.monotonic()
+    stopped.send_signal(signal.SIGTERM)  # to the driver alone, as `kill -TERM` and Kubernetes send it
+    out, err = stopped.communicate(timeout=60)
+    assert stopped.returncode == 75, err[-3000:]
+    assert time.monotonic() - sent < 25  # runtime.stop_grace_s's default
+    assert "Traceback" not in err and "--resume latest" in err
+    [event] = [json.loads(line) for line in next(checkpoints.glob("*/events.jsonl")).read_text().splitlines()]
+    assert event["event"] == "preempted" and event["signal"] == "SIGTERM"
+    last = Path(event["checkpoint"])
+    resumed_at = load_checkpoint(last)["counters"]["env_steps"]
+    assert 300 <= resumed_at < 900 and last.name == f"step_{resumed_at:09d}"
+    client = MlflowClient()
+    [run] = client.search_runs([client.get_experiment_by_name("aa-ray").experiment_id])
+    assert run.info.status == "KILLED"
+
+    resumed = subprocess.run(aa_ray_command(*SETTINGS, "--resume", "latest"), capture_output=True, text=True,
+                             timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from {last}" in resumed.stdout
+    assert mlflow_run_id(resumed.stdout) == run.info.run_id
+    assert client.get_run(run.info.run_id).info.status == "FINISHED"
+    assert_repeats(whole_run, finished(resumed.stdout, checkpoints), resumed_at)
 
 
 def kill_actor_process(class_name: str) -> int:

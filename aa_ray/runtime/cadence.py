@@ -27,6 +27,7 @@ from aa_ray.spec.loader import SpecError
 BUDGET = "budget"
 TARGET_REACHED = "target reached"
 STOPPED_BY_CALLBACK = "stopped by a callback"  # a reporter (the Python API's callbacks) said stop
+PREEMPTED = "preempted"  # a stop signal (SIGTERM, SIGINT): checkpointed, to be resumed
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ across algorithms); the stored spec of an older checkpoint is renamed on load
 
 from __future__ import annotations
 
+import errno
 import shutil
 from pathlib import Path
 from typing import Any
@@ -36,23 +37,35 @@ STATE_FILE, SPEC_FILE, REPLAY_FILE = "state.pt", "spec.yaml", "replay.parquet"
 _MUST_MATCH = ("env", "algo")
 _COUNTERS = ("env_steps", "iterations", "episodes", "next_eval")
 _PARTIAL = ".partial"
+DISK_FULL_BELOW = 2**20  # bytes free when a failed write counts as a full disk (torch.save names no errno)
 
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message names the file and what is wrong."""
 
 
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (a full disk, a folder it may not write to). Its partial
+    folder is gone and the checkpoints written before it are as they were."""
+
+
 def save_checkpoint(folder: Path, spec: ExperimentSpec, state: dict[str, Any], replay: pa.Table | None = None) -> Path:
-    """Write `folder` atomically (see the module docstring): state, spec and the replay table."""
+    """Write `folder` atomically (see the module docstring): state, spec and the replay table.
+    CheckpointWriteError, saying what filled up and where, if the files cannot be written."""
     partial = folder.with_name(folder.name + _PARTIAL)
     shutil.rmtree(partial, ignore_errors=True)  # left by a crash during an earlier write
-    partial.mkdir(parents=True)
     payload = {"format_version": FORMAT_VERSION, "spec": spec_to_dict(spec), **state}
-    if replay is not None:
-        pq.write_table(replay, partial / REPLAY_FILE)
-        payload["replay_rows"] = replay.num_rows
-    torch.save(payload, partial / STATE_FILE)
-    (partial / SPEC_FILE).write_text(spec_yaml(spec))
+    try:
+        partial.mkdir(parents=True)
+        if replay is not None:
+            pq.write_table(replay, partial / REPLAY_FILE)
+            payload["replay_rows"] = replay.num_rows
+        torch.save(payload, partial / STATE_FILE)
+        (partial / SPEC_FILE).write_text(spec_yaml(spec))
+    except (OSError, RuntimeError) as err:  # torch.save reports a full disk as a RuntimeError
+        problem = _write_failure(folder, err)  # before the partial files go: they are what filled the disk
+        shutil.rmtree(partial, ignore_errors=True)
+        raise CheckpointWriteError(problem) from None
     if folder.exists():  # "final" of a resumed run: swap, so one complete version exists at any time
         previous = folder.with_name(folder.name + ".previous")
         shutil.rmtree(previous, ignore_errors=True)
@@ -64,6 +77,19 @@ def save_checkpoint(folder: Path, spec: ExperimentSpec, state: dict[str, Any], r
     return folder
 
 
+def _write_failure(folder: Path, err: Exception) -> str:
+    where = next(p for p in (folder, *folder.parents) if p.exists())
+    usage = shutil.disk_usage(where)
+    full = isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT) or usage.free < DISK_FULL_BELOW
+    if full:
+        cause = (f"the file system holding {folder.parent} is full ({usage.free / 2**20:.1f} MiB free of "
+                 f"{usage.total / 2**20:,.0f} MiB)")
+    else:
+        cause = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return (f"checkpoint {folder} could not be written: {cause}; its partial folder was removed, the earlier "
+            "checkpoints are intact")
+
+
 def newest_checkpoint(folder: Path) -> Path | None:
     """The newest complete checkpoint under a run's `checkpoints/` folder: `final`, else the latest
     `step_*`. A `<name>.partial/` a crash left mid-write already holds a (truncated) state file, so
@@ -71,8 +97,13 @@ def newest_checkpoint(folder: Path) -> Path | None:
     final = folder / "final"
     if (final / STATE_FILE).is_file():
         return final
-    steps = sorted(p for p in folder.glob("step_*") if not p.name.endswith(_PARTIAL) and (p / STATE_FILE).is_file())
+    steps = complete_steps(folder)
     return steps[-1] if steps else None
+
+
+def complete_steps(folder: Path) -> list[Path]:
+    """A run's complete step_* checkpoints under `folder`, oldest first."""
+    return sorted(p for p in folder.glob("step_*") if not p.name.endswith(_PARTIAL) and (p / STATE_FILE).is_file())
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

@@ -5,15 +5,28 @@ written, and loading one back into a graph. The file format is `checkpoint.py`'s
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from aa_ray import metric_names as m
-from aa_ray.runtime.checkpoint import load_checkpoint, read_replay, save_checkpoint
+from aa_ray.errors import UserError
+from aa_ray.runtime.checkpoint import (
+    REPLAY_FILE,
+    CheckpointWriteError,
+    complete_steps,
+    load_checkpoint,
+    newest_checkpoint,
+    read_replay,
+    save_checkpoint,
+)
 from aa_ray.runtime.driver_state import DriverState
 from aa_ray.runtime.graph import ActorGraph
 from aa_ray.runtime.phases import Phases
+from aa_ray.runtime.remote import TrainingError
 from aa_ray.spec.experiment import ExperimentSpec
+from aa_ray.spec.loader import spec_hash
 
 
 class RunCheckpoints:
@@ -33,8 +46,44 @@ class RunCheckpoints:
                 "runners": actors["runners"],
                 "mlflow_run_id": mlflow_run_id,
             }
-            self.last = save_checkpoint(self.folder / name, self.spec, payload, actors["replay_table"])
-            return self.folder / name
+            try:
+                self.last = save_checkpoint(self.folder / name, self.spec, payload, actors["replay_table"])
+            except CheckpointWriteError as err:
+                raise TrainingError(
+                    f"{err}. The run stopped (training on with nowhere to save it would only lose more): free "
+                    f"space, keep fewer checkpoints (checkpoint.keep_last) or set runtime.output_dir to a larger "
+                    f"disk, then continue it with: aa-ray run SPEC --resume latest"
+                ) from None
+            self._keep_newest()
+            return self.last
+
+    def _keep_newest(self) -> None:
+        """`checkpoint.keep_last`: the older step_* checkpoints removed; of those kept, only the newest
+        keeps its replay file (a resume or a recovery reads the newest; the others serve eval and export)."""
+        keep = self.spec.checkpoint.keep_last
+        if keep is None:  # every checkpoint kept whole
+            return
+        steps = complete_steps(self.folder)
+        for old in steps[:-keep]:
+            shutil.rmtree(old)
+        for older in steps[-keep:-1]:
+            (older / REPLAY_FILE).unlink(missing_ok=True)
+
+    def check_writable(self) -> None:
+        """The run's folder can be written (checked before any actor starts, so a bad runtime.output_dir
+        fails in seconds, not at the first checkpoint); nothing is left behind by the check."""
+        run_dir = self.folder.parent
+        where = next(p for p in (run_dir, *run_dir.parents) if p.exists())
+        try:
+            if not where.is_dir():
+                raise NotADirectoryError(f"{where} is a file, not a folder")
+            with tempfile.TemporaryFile(dir=where):
+                pass
+        except OSError as err:
+            raise UserError(
+                f"runtime.output_dir: the run folder {run_dir} cannot be written ({err}); set runtime.output_dir "
+                f"to a folder you can write to"
+            ) from None
 
     def restore(self, payload: dict[str, Any], replay_table: Any, graph: ActorGraph, reports: bool) -> DriverState:
         """Load a checkpoint into the actors; the driver's state it saved."""
@@ -54,3 +103,17 @@ class RunCheckpoints:
         if self.last is not None:
             return f"resume from the last checkpoint with: aa-ray run SPEC --resume {self.last}"
         return "no checkpoint was written before it (checkpoint.every_env_steps sets how often one is)"
+
+
+def run_folder_of(checkpoint: Path) -> Path | None:
+    """The run folder a checkpoint belongs to (`<run folder>/checkpoints/<name>`); None for a checkpoint
+    kept anywhere else."""
+    checkpoint = checkpoint.resolve()
+    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
+
+
+def latest_checkpoint(spec: ExperimentSpec) -> Path | None:
+    """The newest checkpoint of the newest run of this spec (same name and hash) under its
+    runtime.output_dir: what `aa-ray run SPEC --resume latest` continues. None if there is none."""
+    runs = sorted(Path(spec.runtime.output_dir).glob(f"{spec.name}-{spec_hash(spec)[:8]}-*"), reverse=True)
+    return next((found for run in runs if (found := newest_checkpoint(run / "checkpoints"))), None)

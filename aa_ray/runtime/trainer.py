@@ -52,7 +52,7 @@ from aa_ray.envs import env_dims
 from aa_ray.envs.symmetry import sym_aug_mirror
 from aa_ray.nets.policy import ObsDims
 from aa_ray.runtime import cluster
-from aa_ray.runtime.cadence import BUDGET, STOPPED_BY_CALLBACK, check_stop_metric
+from aa_ray.runtime.cadence import BUDGET, PREEMPTED, STOPPED_BY_CALLBACK, check_stop_metric
 from aa_ray.runtime.checkpoint import verify_resume
 from aa_ray.runtime.counters import Counters
 from aa_ray.runtime.driver_state import DriverState
@@ -65,8 +65,9 @@ from aa_ray.runtime.metrics import RunMetrics, run_tag
 from aa_ray.runtime.phases import Phases
 from aa_ray.runtime.recovery import Recovery
 from aa_ray.runtime.remote import ActorLost, LearnerFailed, TrainingError
-from aa_ray.runtime.run_checkpoints import RunCheckpoints
+from aa_ray.runtime.run_checkpoints import RunCheckpoints, run_folder_of
 from aa_ray.runtime.run_record import RunRecord
+from aa_ray.runtime.stop_signals import StopSignals
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import spec_hash
 
@@ -92,9 +93,13 @@ class Trainer:
     ):
         self.spec = spec
         self.resume = resume
+        self.resumed_elsewhere = False  # from a checkpoint outside a run folder: into a new one
         self.reporter = reporter
         if resume is not None and run_dir is None:
-            run_dir = Path(resume["folder"]).parent.parent
+            # a checkpoint outside a run folder (copied elsewhere) starts a new folder, so that nothing
+            # next to it (a ./checkpoints/final, say) is written over
+            run_dir = run_folder_of(Path(resume["folder"]))
+            self.resumed_elsewhere = run_dir is None
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         self.run_dir = run_dir or Path(spec.runtime.output_dir) / f"{spec.name}-{spec_hash(spec)[:8]}-{stamp}"
         self.phases = Phases(trace=spec.runtime.trace)  # where the time goes (time/* metrics, trace.json)
@@ -108,6 +113,7 @@ class Trainer:
         self.recovery: Recovery | None = None
         self.last_metrics: dict[str, float] = {}
         self.video_unavailable = False  # set once rendering failed (eval.video)
+        self.stop_signals = StopSignals(spec.runtime.stop_grace_s)
 
     @property
     def reports(self) -> bool:
@@ -150,35 +156,41 @@ class Trainer:
         sym_aug_mirror(self.spec, obs, act_dim)  # so does a mirror that does not fit the env's kwargs
         prior_path = checked_prior_data(self.spec, obs, act_dim)  # so does a dataset that does not fit it
         replay_table = self._check_resume(obs, act_dim) if self.resume is not None else None
+        self.checkpoints.check_writable()  # so does an output folder it could not write to
         # inline actors live in this process: no Ray to start or join
         started_ray = self.spec.runtime.backend == "ray" and cluster.connect(self.spec)
         status = "FAILED"
-        try:
-            self.graph = ActorGraph(self.spec, obs, act_dim, prior_path)
-            self.recovery = Recovery(self.spec, self.graph, self.checkpoints, self.record)
-            self.graph.start()
-            if self.resume is not None:
-                self.state = self.checkpoints.restore(self.resume, replay_table, self.graph, self.reports)
-            else:
-                self.graph.queue_prior_stats()
-            self.graph.publish_weights()
-            self.record.start(self.resume.get("mlflow_run_id") if self.resume else None)
-            if self.resume is not None:  # so reports leave out what the interrupted attempt logged past it
-                self.record.log({m.RUN_RESUMED_AT: float(self.counters.env_steps)}, self.counters.env_steps)
-            with self.record.showing_progress():
-                stop_reason = self._train()
-                final = self._final_checkpoint(stop_reason)
-            result = self._finish(stop_reason, final)
-            status = "FINISHED"
-            return result
-        except KeyboardInterrupt:
-            status = "KILLED"
-            raise
-        finally:
-            self.record.close(status, cluster.timeline(self.spec) if self.spec.runtime.trace else None)
-            if self.graph is not None:
-                self.graph.close()
-            cluster.disconnect(started_ray)
+        # installed after Ray's own SIGTERM handler (ray.init's), which exits at once
+        with self.stop_signals.installed():
+            try:
+                self.graph = ActorGraph(self.spec, obs, act_dim, prior_path)
+                self.recovery = Recovery(self.spec, self.graph, self.checkpoints, self.record)
+                self.graph.start()
+                if self.resume is not None:
+                    self.state = self.checkpoints.restore(self.resume, replay_table, self.graph, self.reports)
+                else:
+                    self.graph.queue_prior_stats()
+                self.graph.publish_weights()
+                self.record.start(self.resume.get("mlflow_run_id") if self.resume else None)
+                if self.resume is not None:  # so reports leave out what the interrupted attempt logged past it
+                    self.record.log({m.RUN_RESUMED_AT: float(self.counters.env_steps)}, self.counters.env_steps)
+                if self.resumed_elsewhere:
+                    self.record.event("resumed_in_new_run_folder", self.counters.env_steps,
+                                      checkpoint=str(self.resume["folder"]), reason="not inside a run folder")
+                with self.record.showing_progress():
+                    stop_reason = self._train()
+                    final = self.last_checkpoint if stop_reason == PREEMPTED else self._final_checkpoint(stop_reason)
+                result = self._finish(stop_reason, final)
+                status = "KILLED" if stop_reason == PREEMPTED else "FINISHED"
+                return result
+            except KeyboardInterrupt:
+                status = "KILLED"
+                raise
+            finally:
+                self.record.close(status, cluster.timeline(self.spec) if self.spec.runtime.trace else None)
+                if self.graph is not None:
+                    self.graph.close()
+                cluster.disconnect(started_ray)
 
     def _train(self) -> str:
         """Iterate until the cadence stops the run; a learner or the replay actor that dies takes
@@ -219,7 +231,18 @@ class Trainer:
             self.record.message(f"checkpoint: {checkpoint}")
         if outcome.report and self.reporter(metrics, checkpoint):
             return STOPPED_BY_CALLBACK
+        if self.stop_signals.received and outcome.stop_reason is None:
+            return self._stop_on_signal(checkpoint)
         return outcome.stop_reason
+
+    def _stop_on_signal(self, checkpoint: Path | None) -> str:
+        """A stop signal arrived before this iteration ended, which went as any other (so a resume
+        from its checkpoint continues exactly as the uninterrupted run): its checkpoint, and stop."""
+        env_steps = self.counters.env_steps
+        checkpoint = checkpoint or self.save_checkpoint(f"step_{env_steps:09d}")
+        self.record.event("preempted", env_steps, signal=self.stop_signals.received, checkpoint=str(checkpoint),
+                          seconds_to_spare=round(self.stop_signals.seconds_left(), 1))
+        return PREEMPTED
 
     def _run_metrics(self) -> dict[str, float]:
         """The counters, the replay's fill and the window's averages."""
@@ -274,7 +297,7 @@ class Trainer:
 
     def _finish(self, stop_reason: str, final: Path) -> dict[str, Any]:
         self.record.final_checkpoint(final)
-        if self.reporter is not None:
+        if self.reporter is not None and stop_reason != PREEMPTED:
             self.reporter({**self.last_metrics, m.RUN_FINISHED: 1.0}, final)
         prior = self.graph.prior_info
         return {

@@ -261,6 +261,12 @@ class CheckpointSpec(SpecModel):
         None, description="also checkpoint this often (a final checkpoint is always written)"
     )
     save_replay: bool = Field(True, description="store the replay buffer (Parquet) with checkpoints")
+    keep_last: PositiveInt | None = Field(
+        3,
+        description="keep this many of a run's newest step_* checkpoints (final is always kept; null keeps every "
+        "one); only the newest keeps its replay file, the one a resume or a recovery reads: the older ones keep the "
+        "policy and learner state (eval, export) at a fraction of the size",
+    )
 
 
 class TrackingSpec(SpecModel):
@@ -314,6 +320,13 @@ class RuntimeSpec(SpecModel):
         "format: open it in ui.perfetto.dev) into the run folder and log it to MLflow",
     )
     output_dir: str = Field("runs", min_length=1, description="where run folders and checkpoints go")
+    stop_grace_s: PositiveFloat = Field(
+        25.0,
+        description="after SIGTERM or SIGINT (a preemption notice, `ray job stop`, Ctrl-C) the driver ends its "
+        "iteration, writes a checkpoint and exits with code 75; if it has not within this many seconds it exits at "
+        "once, keeping its last checkpoint. Keep it under the grace period before SIGKILL (Kubernetes 30 s, SLURM's "
+        "KillWait 30 s, GCP spot 30 s; `ray job stop` waits RAY_JOB_STOP_WAIT_TIME_S, 3 s unless the cluster sets it)",
+    )
     resource_timeout_s: PositiveFloat = Field(
         60.0, description="fail if the cluster cannot place the actors within this time"
     )
