@@ -16,9 +16,11 @@ checkpoint). Progress is plain log lines unless stderr is a terminal, so a noteb
 not a redrawn panel (`progress="live"` or `"plain"` chooses).
 
 Errors are the command's: `SpecError` for a bad spec or override, `TrackingError` for an MLflow store
-that cannot be used (both `aa_ray.errors.UserError`), `CheckpointError` for a missing,
-corrupt or foreign checkpoint, `TrainingError` / `ResourceError` when a run fails, each with a
-message that names the field or file.
+that cannot be used, `ExportError` for a file that cannot be written where asked (all three
+`aa_ray.errors.UserError`), `CheckpointError` for a missing, corrupt or foreign checkpoint or one
+whose policy weights are not finite, `DatasetError` for a prior dataset that does not fit the env
+or holds NaN, infinite or out-of-range values, `TrainingError` / `ResourceError` when a run fails,
+each with a message that names the field or file.
 """
 
 from __future__ import annotations
@@ -31,10 +33,16 @@ from typing import Any, Literal
 import numpy as np
 
 from aa_ray import metric_names as m
+from aa_ray.errors import UserError
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import SpecError, apply_overrides, read_yaml, set_values, validate_spec
 
 EXPORT_FORMATS = ("torchscript", "onnx")
+
+
+class ExportError(UserError):
+    """A policy file (or an evaluation's video) cannot be written where asked; the message names the
+    path and why. Nothing was written."""
 
 
 @dataclass(frozen=True)
@@ -225,6 +233,7 @@ class Policy:
                 gif, problem = runner.record_video(self.spec.eval.video_max_frames)
                 if gif is None:
                     raise RuntimeError(f"cannot record {video}: {problem}")
+                _prepare_to_write(Path(video), "video")
                 Path(video).write_bytes(gif)
         finally:
             runner.close()
@@ -232,16 +241,18 @@ class Policy:
 
     def export(self, out: str | Path, format: Literal["torchscript", "onnx"]) -> Path:
         """Write the deterministic acting policy (raw observations in, env actions out) as a file
-        that runs without aa-ray: TorchScript (`torch.jit.load`) or ONNX (`onnxruntime`)."""
+        that runs without aa-ray: TorchScript (`torch.jit.load`) or ONNX (`onnxruntime`). Its folder is
+        made if missing; ExportError, with nothing written, if it cannot be made or written to."""
         import torch
 
         if format not in EXPORT_FORMATS:
             raise ValueError(f"unknown export format {format!r}; choose one of {', '.join(EXPORT_FORMATS)}")
         out = Path(out)
         if out.is_dir():
-            raise ValueError(f"--out {out} is a folder; pass the path of the file to write")
+            raise ExportError(f"export path {out} is a folder; pass the path of the file to write")
         example = torch.zeros(2, self.obs_dim)
         partial = out.with_name(out.name + ".partial")  # a failed export leaves no file behind
+        _prepare_to_write(out, "policy file", first_write=partial)
         try:
             with torch.no_grad():
                 if format == "torchscript":
@@ -256,8 +267,25 @@ class Policy:
         return out
 
 
+def _prepare_to_write(target: Path, what: str, first_write: Path | None = None) -> None:
+    """Make `target`'s folder and open `first_write` (default: `target`) for writing once, so that a
+    folder that cannot be made (a file in the way, no permission) or written to is one ExportError
+    naming `target`, found before anything is written (torch would report it from deep inside its
+    writers, as a traceback)."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        (first_write or target).open("wb").close()
+    except OSError as err:
+        existing = next((p for p in target.parents if p.exists()), None)
+        reason = err.strerror or type(err).__name__
+        if existing is not None and not existing.is_dir():
+            reason = f"{existing} is a file, not a folder"
+        raise ExportError(f"cannot write the {what} {target}: {reason}.") from None
+
+
 def load_policy(checkpoint: str | Path, env_creator: EnvCreator | None = None) -> Policy:
-    """The acting policy of a checkpoint folder (CheckpointError for a missing or foreign one).
+    """The acting policy of a checkpoint folder (CheckpointError for a missing or foreign one, or
+    one whose policy holds a NaN or infinite weight).
     `env_creator`: the function that made the env of a run trained with one (`Experiment(...,
     env_creator=)`); without it the checkpoint's recorded `env.entry_point` is imported."""
     return Policy(checkpoint, env_creator)

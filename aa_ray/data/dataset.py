@@ -51,6 +51,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
+from aa_ray.data.value_checks import ACTION_RANGE, first_bad_value
 from aa_ray.nets.policy import ObsDims
 from aa_ray.records import Transitions
 
@@ -70,6 +71,7 @@ COLUMN_OF_FIELD = {
 }
 _VECTOR_COLUMNS = {OBS: "obs", ACTIONS: "act", NEXT_OBS: "obs"}  # fixed-size lists, of obs_dim or act_dim
 _NUMPY_DTYPES = {REWARDS: np.float32, TERMINATEDS: np.bool_, TRUNCATEDS: np.bool_, EPS_ID: np.int64, T: np.int64}
+_FLOAT_COLUMNS = (OBS, ACTIONS, REWARDS, NEXT_OBS)  # what `check_values` reads; the others cannot be non-finite
 
 
 def episode_columns(transitions: Transitions, eps_id: int) -> dict[str, np.ndarray]:
@@ -370,12 +372,41 @@ class TransitionDataset:
             if batch.num_rows:
                 yield _batch_to_numpy(batch, self.meta)
 
+    def check_values(self, batch_rows: int = 262_144) -> None:
+        """Read every float column once (streamed, `batch_rows` rows at a time): DatasetError naming
+        the file, the column and the first bad row for a NaN, an infinity, an empty value, or an
+        action outside the policy's [-1, 1] space (`aa_ray.data.value_checks`)."""
+        columns = [column for name in _FLOAT_COLUMNS for column, _ in _file_columns(self.meta, name)]
+        for file in self.files:
+            row = 0
+            try:
+                with pq.ParquetFile(file) as parquet:
+                    for batch in parquet.iter_batches(batch_size=batch_rows, columns=columns):
+                        bad = first_bad_value(batch, columns, action_columns=[ACTIONS], first_row=row)
+                        if bad is not None:
+                            raise DatasetError(f"dataset file {file}: {bad.describe()}{_bad_value_hint(bad.column)}")
+                        row += batch.num_rows
+            except (OSError, pa.ArrowException) as err:
+                reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+                raise DatasetError(f"dataset file {file} is truncated or corrupt after row {row} ({reason}).") from None
+
     def read_all(self) -> dict[str, np.ndarray]:
         """Every transition in memory at once (small datasets, tests)."""
         parts = list(self.iter_batches())
         if not parts:
             return _batch_to_numpy(pa.RecordBatch.from_pylist([], schema=_schema(self.meta)), self.meta)
         return {name: np.concatenate([p[name] for p in parts]) for name in COLUMNS}
+
+
+def _bad_value_hint(column: str) -> str:
+    """What to do about a bad value, after the sentence naming it."""
+    if column == ACTIONS:
+        low, high = ACTION_RANGE
+        return (f"; actions are stored in the policy's [{low:g}, {high:g}] space (env action = low + (a + 1) / 2 * "
+                "(high - low)), so env-scale actions must be mapped back with a = 2 * (env_action - low) / "
+                "(high - low) - 1.")
+    return "; one NaN or infinity in a batch makes every network update NaN: fix or drop those rows, or record " \
+           "the dataset again."
 
 
 def _batch_to_numpy(batch: pa.RecordBatch, meta: DatasetMeta) -> dict[str, np.ndarray]:
@@ -392,13 +423,15 @@ def _batch_to_numpy(batch: pa.RecordBatch, meta: DatasetMeta) -> dict[str, np.nd
 
 
 def checked_prior_data(spec: Any, obs: ObsDims | int, act_dim: int) -> Path | None:
-    """`algo.prior_data`'s path (relative to the cwd), checked against the env from file footers."""
+    """`algo.prior_data`'s path (relative to the cwd), checked against the env from file footers, and
+    its values read once (no NaN, infinity or action outside [-1, 1])."""
     if spec.prior_data is None:
         return None
     obs = ObsDims.of(obs)
     path = Path(spec.prior_data).expanduser().resolve()
     try:
         dataset = read_dataset(path, expect_env_id=spec.env.id, expect_obs_dim=obs.full, expect_act_dim=act_dim)
+        dataset.check_values()
     except DatasetError as err:
         raise DatasetError(f"algo.prior_data: {err}") from None
     if dataset.meta.obs_groups != obs.groups:

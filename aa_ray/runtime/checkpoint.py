@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 import torch
 
 from aa_ray.algos.registry import ALGORITHMS, migrate_old_knobs
+from aa_ray.data.value_checks import first_bad_value
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import SpecError, flatten, spec_to_dict, spec_yaml, validate_spec
 
@@ -182,9 +183,30 @@ def checkpoint_policy(payload: dict[str, Any]) -> tuple[ExperimentSpec, dict[str
     it holds none)."""
     trained = checkpoint_spec(payload)
     try:
-        return trained, payload["learner"]["algo"]["policy"]
+        state = payload["learner"]["algo"]["policy"]
     except (KeyError, TypeError):
-        raise CheckpointError(f"checkpoint {payload['folder']} holds no policy weights.") from None
+        state = None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {payload['folder']} holds no policy weights.")
+    _refuse_non_finite_weights(payload["folder"], state)
+    return trained, state
+
+
+def _refuse_non_finite_weights(folder: Path, state: dict[str, Any]) -> None:
+    """A policy with a NaN or infinite weight or buffer acts NaN (or its normalizer turns every
+    observation into one): evaluating it would report numbers that mean nothing, exporting it would
+    ship it. CheckpointError naming the first such tensor."""
+    bad = [(name, tensor) for name, tensor in state.items()
+           if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and not torch.isfinite(tensor).all()]
+    if bad:
+        name, tensor = bad[0]
+        count = int((~torch.isfinite(tensor)).sum())
+        others = f" (and {len(bad) - 1} more of its tensors)" if len(bad) > 1 else ""
+        raise CheckpointError(
+            f"checkpoint {folder}: its policy is not finite: tensor {name} holds {count} NaN or infinite values of "
+            f"{tensor.numel()}{others}. The run had diverged when it wrote this checkpoint; evaluate or export an "
+            "earlier checkpoint of the run (its checkpoints/step_* folders)."
+        )
 
 
 def check_compatible(spec: ExperimentSpec, payload: dict[str, Any]) -> None:
@@ -229,6 +251,13 @@ def read_replay(payload: dict[str, Any], obs_dim: int, act_dim: int) -> pa.Table
         problem = f"it holds {table.num_rows} rows, its {STATE_FILE} expects {expected_rows}"
     if problem:
         raise CheckpointError(f"replay file {file} does not belong to this checkpoint or env: {problem}.")
+    # its columns are the Transitions fields (runtime/replay.py::to_table), every one float32
+    bad = first_bad_value(table, table.column_names, action_columns=["action"])
+    if bad is not None:
+        raise CheckpointError(
+            f"replay file {file}: {bad.describe()}, which a resumed run would train on; resume from another "
+            "checkpoint, or delete the file to resume with an empty buffer that refills."
+        )
     return table
 
 

@@ -25,6 +25,7 @@ from aa_ray.algos.contract import RunShape
 from aa_ray.algos.registry import ALGORITHMS, find_plugin
 from aa_ray.metric_names import INFO_KEY, RESERVED_INFO_KEYS
 from aa_ray.spec.base import SpecModel
+from aa_ray.spec.names import SafeName
 
 
 def _own_or_plugin_algo(value: Any, validate_own: ValidatorFunctionWrapHandler) -> Any:
@@ -343,7 +344,7 @@ class RuntimeSpec(SpecModel):
 
 
 class ExperimentSpec(SpecModel):
-    name: str = Field(min_length=1, description="human name of the experiment")
+    name: SafeName = Field(description="the experiment's name: its run folders, MLflow runs and progress panel show it")
     seed: NonNegativeInt = Field(
         0, description="the root of every random stream (aa_ray.seeding): envs, exploration, replay, network init"
     )

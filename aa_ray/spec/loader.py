@@ -15,21 +15,17 @@ import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from aa_ray.algos.registry import ALGORITHMS, RENAMED_KNOBS
-from aa_ray.errors import SpecError
+from aa_ray.errors import SpecError, clip, echo
 from aa_ray.spec import hashed_fields
 from aa_ray.spec.experiment import ExperimentSpec
+from aa_ray.spec.yaml_files import parse_yaml, read_yaml_file
 
 __all__ = ["SpecError", "load_spec", "validate_spec"]
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.is_file():
-        raise SpecError(f"spec file {str(path)!r} does not exist; pass a path to a YAML spec.")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise SpecError(f"{path}: not valid YAML ({err}).") from None
+    """The top-level mapping of a spec, sweep, suite or pipeline file (SpecError naming the file)."""
+    raw = read_yaml_file(Path(path))
     if not isinstance(raw, dict):
         raise SpecError(f"{path}: a spec must be a YAML mapping at the top level, got {type(raw).__name__}.")
     return raw
@@ -41,11 +37,8 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Iterable[str], source: st
     for override in overrides:
         key, sep, text = override.partition("=")
         if not sep or not key.strip():
-            raise SpecError(f"{source} {override!r}: expected the form dotted.key=value.")
-        try:
-            values[key.strip()] = yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            raise SpecError(f"{source} {override!r}: value is not valid YAML ({err}).") from None
+            raise SpecError(f"{source} {echo(override)}: expected the form dotted.key=value.")
+        values[key.strip()] = parse_yaml(text, f"{source} {echo(override)}")
     return set_values(raw, values, source)
 
 
@@ -73,23 +66,31 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "(top level)"
 
 
+# Lines of a validation error at most: a list of thousands of bad items is the same mistake repeated.
+MAX_PROBLEMS = 20
+
+
 def format_validation_error(err: ValidationError, source: str) -> str:
-    lines = [f"Invalid spec {source}:"]
-    for e in err.errors():
+    lines = [f"Invalid spec {clip(source, 1000)}:"]
+    problems = err.errors()
+    for e in problems[:MAX_PROBLEMS]:
         message = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             message = "unknown key (check the spelling; see README's spec reference)"
             renamed = RENAMED_KNOBS.get(e["loc"][1], {}) if len(e["loc"]) == 3 and e["loc"][0] == "algo" else {}
             if e["loc"][-1] in renamed:
                 message = f"unknown key: it was renamed, write {renamed[e['loc'][-1]]} instead"
-        path = _field_path(e["loc"])
+        path = clip(_field_path(e["loc"]))
         # a section's (or the whole spec's) check may name the exact field itself (env.imports: ...)
         named = re.match(r"[a-z_]+(\.[a-z_]+)+\b", message)
         names_field = named is not None and (not e["loc"] or message.startswith(f"{path}."))
         # a whole-spec check (empty location) names its fields in the message; its input is the whole spec
         quiet = e["type"] in ("missing", "extra_forbidden") or not e["loc"] or names_field
-        shown = "" if quiet else f" (got {e.get('input')!r})"
+        shown = "" if quiet else f" (got {echo(e.get('input'))})"
+        message = clip(message, 1000)
         lines.append(f"  {message}{shown}" if names_field else f"  {path}: {message}{shown}")
+    if len(problems) > MAX_PROBLEMS:
+        lines.append(f"  ... and {len(problems) - MAX_PROBLEMS} more problems like these.")
     lines.append("Fix the field(s) named above in the file or the --set override.")
     return "\n".join(lines)
 

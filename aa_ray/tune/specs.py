@@ -5,15 +5,18 @@ stage references must name earlier outputs, and the stages must not form a cycle
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, ValidationError, model_validator
+from pydantic import AfterValidator, Field, NonNegativeInt, PositiveFloat, PositiveInt, ValidationError, model_validator
 
 from aa_ray import metric_names as m
+from aa_ray.errors import echo
 from aa_ray.spec.base import SpecModel
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import SpecError, format_validation_error, read_yaml, set_values, validate_spec
+from aa_ray.spec.names import MAX_NAME_LENGTH, SafeName
 
 STORAGE_HELP = (
     "where Tune keeps trial state and checkpoints: a path every node mounts or a URI (s3://, gs://); "
@@ -65,7 +68,7 @@ class AshaSpec(SpecModel):
 
 
 class SweepSpec(SpecModel):
-    name: str = Field(min_length=1, description="names the MLflow parent run and the Tune experiment")
+    name: SafeName = Field(description="names the MLflow parent run, the Tune experiment and the sweep's folder")
     base: str = Field(description="the experiment spec every trial starts from (relative to this file)")
     set: dict[str, Any] = Field(default_factory=dict, description="dotted overrides of the base for all trials")
     search_space: dict[str, Domain] = Field(min_length=1, description="dotted spec key -> domain")
@@ -127,7 +130,9 @@ def load_sweep(path: str | Path) -> Sweep:
             try:
                 sweep.trial_spec({key: value})
             except SpecError as err:
-                raise SpecError(f"{path}: search_space.{key} = {value!r} does not make a valid spec.\n{err}") from None
+                raise SpecError(
+                    f"{path}: search_space.{key} = {echo(value)} does not make a valid spec.\n{err}"
+                ) from None
     grids = {key: domain.grid for key, domain in spec.search_space.items() if domain.grid is not None}
     for combination in itertools.product(*grids.values()):  # grids can clash with each other
         sweep.trial_spec(dict(zip(grids, combination, strict=True)))
@@ -152,6 +157,21 @@ def _check_metric(metric: str, base: ExperimentSpec, path: Path) -> None:
 
 
 # ---- suites ------------------------------------------------------------------------------------
+_ENV_ID_CHARACTERS = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/-]*")  # gymnasium's: namespace/Name-v0, module:Name
+
+
+def _env_id_for_folders(env_id: str) -> str:
+    if len(env_id) > MAX_NAME_LENGTH or not _ENV_ID_CHARACTERS.fullmatch(env_id):
+        raise ValueError(
+            f"an env id of a suite becomes part of its cells' folder names: 1 to {MAX_NAME_LENGTH} characters, ASCII "
+            "letters, digits, '_', '.', ':', '/' and '-', not starting with '.', '-', ':' or '/'"
+        )
+    return env_id
+
+
+SuiteEnvId = Annotated[str, AfterValidator(_env_id_for_folders)]
+
+
 class SuiteEntry(SpecModel):
     spec: str = Field(description="experiment spec (relative to the suite file)")
     set: dict[str, Any] = Field(default_factory=dict, description="dotted overrides for this label's runs")
@@ -160,11 +180,12 @@ class SuiteEntry(SpecModel):
 class SuiteSpec(SpecModel):
     """Algorithm specs x env ids x seeds, one budget and one evaluation protocol: a benchmark."""
 
-    name: str = Field(min_length=1, description="names the MLflow parent run and the suite's folder")
-    specs: dict[str, str | SuiteEntry] = Field(
-        min_length=1, description="label -> experiment spec (relative to this file), or {spec, set}"
+    name: SafeName = Field(description="names the MLflow parent run and the suite's folder")
+    specs: dict[SafeName, str | SuiteEntry] = Field(
+        min_length=1, description="label (part of each cell's folder name) -> experiment spec (relative to this "
+        "file), or {spec, set}"
     )
-    envs: dict[str, dict[str, Any]] = Field(
+    envs: dict[SuiteEnvId, dict[str, Any]] = Field(
         min_length=1, description="env id -> dotted overrides for that env's runs (e.g. budget.env_steps)"
     )
     seeds: list[NonNegativeInt] = Field(min_length=1, description="every spec and env runs once per seed")
@@ -268,8 +289,10 @@ Stage = Annotated[Union[TrainStage, RolloutStage], Field(discriminator="kind")] 
 
 
 class PipelineSpec(SpecModel):
-    name: str = Field(min_length=1, description="names the MLflow parent run and the stage cache folder")
-    stages: dict[str, Stage] = Field(min_length=1, description="stage name -> stage; run in dependency order")
+    name: SafeName = Field(description="names the MLflow parent run and the stage cache folder")
+    stages: dict[SafeName, Stage] = Field(
+        min_length=1, description="stage name (part of its folder's name) -> stage; run in dependency order"
+    )
     max_failures: NonNegativeInt = Field(0, description="retry a failed stage from its last checkpoint this often")
     storage: str | None = Field(None, description=STORAGE_HELP)
 
