@@ -24,6 +24,9 @@ WORKER_METRICS_PORT=${WORKER_METRICS_PORT:-8091}
 
 export RAY_AUTH_MODE=token
 export RAY_AUTH_TOKEN_PATH="$STATE/auth_token"
+# `ray job stop` sends SIGTERM and SIGKILLs after this many seconds (Ray's default: 3); aa-ray's driver
+# needs up to runtime.stop_grace_s (25) to end its iteration and write its checkpoint
+export RAY_JOB_STOP_WAIT_TIME_S=${RAY_JOB_STOP_WAIT_TIME_S:-30}
 
 start() {
   mkdir -p "$STATE"

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -59,8 +60,9 @@ def two_nodes():
 
 
 def submit(cluster: dict, working_dir: Path, *entrypoint: str, env_vars: dict | None = None,
-           extra_env: dict | None = None) -> subprocess.CompletedProcess:
-    command = [str(BIN / "ray"), "job", "submit", "--address", cluster["address"], "--working-dir", str(working_dir)]
+           extra_env: dict | None = None, no_wait: bool = False) -> subprocess.CompletedProcess:
+    command = [str(BIN / "ray"), "job", "submit", "--address", cluster["address"], "--working-dir", str(working_dir),
+               *(["--no-wait"] if no_wait else [])]
     if env_vars:
         command += ["--runtime-env-json", json.dumps({"env_vars": env_vars})]
     return subprocess.run([*command, "--", *entrypoint], env={**cluster["env"], **(extra_env or {})},
@@ -88,6 +90,40 @@ def run_job(cluster: dict, tmp_path: Path, spec: str, *sets: str) -> Any:
     (run,) = client.search_runs([client.get_experiment_by_name("aa-ray").experiment_id])
     assert run.info.status == "FINISHED" and run.data.metrics["env/steps"] >= 1200
     return run
+
+
+def test_a_stopped_job_checkpoints_and_its_resubmission_resumes_there(two_nodes: dict, tmp_path: Path) -> None:
+    """`ray job stop` (SIGTERM, then SIGKILL after the cluster's RAY_JOB_STOP_WAIT_TIME_S, which
+    cluster/local_cluster.sh raises to 30 s) as a preempted job's scheduler would: the driver writes a
+    checkpoint and ends its MLflow run KILLED; the same command resubmitted with --resume latest
+    continues that run from that checkpoint."""
+    store, out = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "runs"
+    command = ["aa-ray", "run", "specs/sac_pendulum.yaml", "--plain", "--set", f"runtime.output_dir={out}",
+               "--set", "algo.actor_hidden_dims=[32,32]", "--set", "algo.critic_hidden_dims=[32,32]",
+               "--set", "eval.episodes=1", "--set", "checkpoint.every_env_steps=400", "--resume", "latest"]
+    job = submit(two_nodes, ROOT, *command, "--set", "budget.env_steps=100000", env_vars={"MLFLOW_TRACKING_URI": store},
+                 no_wait=True)
+    job_id = job.stdout.split("Job '")[1].split("'")[0]
+    deadline = time.monotonic() + 300
+    while not [p for p in out.glob("*/checkpoints/step_*") if "." not in p.name]:
+        assert time.monotonic() < deadline, "no checkpoint within 300 s"
+        time.sleep(0.5)
+    ray = [str(BIN / "ray"), "job"]
+    subprocess.run([*ray, "stop", "--address", two_nodes["address"], job_id], env=two_nodes["env"], check=True,
+                   capture_output=True, timeout=120)
+    [event] = [json.loads(line) for line in next(out.glob("*/events.jsonl")).read_text().splitlines()]
+    assert event["event"] == "preempted" and event["signal"] == "SIGTERM", event
+    stopped_at = int(Path(event["checkpoint"]).name.removeprefix("step_"))
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("aa-ray").experiment_id])
+    assert run.info.status == "KILLED"
+
+    resumed = submit(two_nodes, ROOT, *command, "--set", f"budget.env_steps={stopped_at + 200}",
+                     env_vars={"MLFLOW_TRACKING_URI": store})
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-4000:]
+    assert f"resuming from {event['checkpoint']}" in resumed.stdout
+    (run,) = client.search_runs([client.get_experiment_by_name("aa-ray").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.metrics["run/resumed_at"] == stopped_at
 
 
 def test_a_users_env_package_reaches_the_workers_of_both_nodes(two_nodes: dict, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ written, and loading one back into a graph. The file format is `checkpoint.py`'s
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -26,7 +27,6 @@ from aa_ray.runtime.graph import ActorGraph
 from aa_ray.runtime.phases import Phases
 from aa_ray.runtime.remote import TrainingError
 from aa_ray.spec.experiment import ExperimentSpec
-from aa_ray.spec.loader import spec_hash
 
 
 class RunCheckpoints:
@@ -113,7 +113,14 @@ def run_folder_of(checkpoint: Path) -> Path | None:
 
 
 def latest_checkpoint(spec: ExperimentSpec) -> Path | None:
-    """The newest checkpoint of the newest run of this spec (same name and hash) under its
-    runtime.output_dir: what `aa-ray run SPEC --resume latest` continues. None if there is none."""
-    runs = sorted(Path(spec.runtime.output_dir).glob(f"{spec.name}-{spec_hash(spec)[:8]}-*"), reverse=True)
-    return next((found for run in runs if (found := newest_checkpoint(run / "checkpoints"))), None)
+    """The newest checkpoint of the newest run named like this spec (`<name>-<hash>-<time>`, any hash:
+    a resume may change the budget, say, which the hash covers) under its runtime.output_dir: what
+    `aa-ray run SPEC --resume latest` continues; the resume checks then refuse one whose env or algo
+    differ. None if there is none."""
+    pattern = re.compile(rf"{re.escape(spec.name)}-[0-9a-f]{{8}}-(\d{{8}}-\d{{6}})")
+    stamped = [(found[1], run) for run in Path(spec.runtime.output_dir).glob(f"{spec.name}-*")
+               if (found := pattern.fullmatch(run.name))]
+    for _, run in sorted(stamped, reverse=True):
+        if (checkpoint := newest_checkpoint(run / "checkpoints")) is not None:
+            return checkpoint
+    return None
