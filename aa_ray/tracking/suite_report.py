@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+from aa_ray.spec.yaml_files import read_yaml_file
 from aa_ray.tracking.curves import Curve, ReportError, aggregate, load_curve, write_html
 from aa_ray.tracking.mlflow_tracker import PARENT_TAG, search_all_runs
 
@@ -52,7 +52,7 @@ def load_references(client: MlflowClient, parent: str) -> dict[str, Any]:
         return {"returns": [], "normalization": {}}
     with tempfile.TemporaryDirectory() as folder:
         path = client.download_artifacts(parent, name, folder)
-        return yaml.safe_load(Path(path).read_text()) or {}
+        return read_yaml_file(Path(path)) or {}  # the suite's own file, read with the same limits
 
 
 def curve_at(curve: Curve, step: float) -> float:
