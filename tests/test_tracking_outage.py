@@ -107,8 +107,9 @@ def aa_ray_run(uri: str, *settings: str) -> subprocess.Popen:
     )
 
 
-def checkpoints(tmp_path: Path) -> list[Path]:
-    return sorted(p for p in tmp_path.glob("runs/*/checkpoints/step_*") if "." not in p.name)
+def newest_checkpoint(tmp_path: Path) -> str:
+    """The newest complete checkpoint's name ('' before the first): step_<env steps, zero-padded>."""
+    return max((p.name for p in tmp_path.glob("runs/*/checkpoints/step_*") if "." not in p.name), default="")
 
 
 def wait_for(condition, what: str, timeout: float = 300) -> None:
@@ -123,14 +124,15 @@ def test_a_tracking_server_killed_mid_run_loses_no_metric_and_training_goes_on(
 ) -> None:
     budget = OUTAGE_RUN_BUDGET
     run = aa_ray_run(tracking_server.uri_with_credentials, f"budget.env_steps={budget}",
-                     "checkpoint.every_env_steps=1000", "eval.every_env_steps=2000", "tracking.flush_every_s=1")
+                     f"checkpoint.every_env_steps={max(1000, budget // 16)}", "eval.every_env_steps=2000",
+                     "tracking.flush_every_s=1")
     started = time.monotonic()
     try:
-        wait_for(lambda: checkpoints(tmp_path) or run.poll() is not None, "the first checkpoint")
+        wait_for(lambda: newest_checkpoint(tmp_path) or run.poll() is not None, "the first checkpoint")
         tracking_server.kill()
-        before = len(checkpoints(tmp_path))
+        before = newest_checkpoint(tmp_path)
         time.sleep(OUTAGE_S)
-        during = len(checkpoints(tmp_path))
+        during = newest_checkpoint(tmp_path)
         tracking_server.start()
         stdout, stderr = run.communicate(timeout=FINISH_WAIT_S + 300)
     finally:
@@ -140,7 +142,7 @@ def test_a_tracking_server_killed_mid_run_loses_no_metric_and_training_goes_on(
     assert run.returncode == 0, stderr[-3000:]
     assert during > before, "no checkpoint was written while the tracking server was down: training waited for it"
 
-    print(f"outage {OUTAGE_S:.0f} s; checkpoints before it {before}, at its end {during}; run {wall_s:.0f} s")
+    print(f"outage {OUTAGE_S:.0f} s; newest checkpoint before it {before}, at its end {during}; run {wall_s:.0f} s")
     (run_dir,) = tmp_path.glob("runs/*")
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     kinds = [event["event"] for event in events]

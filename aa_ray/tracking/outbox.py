@@ -8,8 +8,9 @@ what waited is sent oldest first, metrics with the time and step they were logge
 run's curves come out as if nothing had happened. Training never waits for the store: only
 `flush` (after a checkpoint) waits, for a store that answers; one still busy after `STALL_S` asks
 the store itself whether it answers (MLflow's client retries a call to a server that went away for
-about four minutes before it gives up), and while the store is known to be down a flush returns at
-once. `close` (the run's end) waits longer (`FINISH_WAIT_S`) before giving up on what is left.
+about four minutes before it gives up), and while the store is known to be down, or is still being
+sent an outage's backlog, a flush returns at once. `close` (the run's end) waits longer
+(`FINISH_WAIT_S`) before giving up on what is left.
 
 The one bound is memory: at most `MAX_QUEUED_METRICS` metrics wait (about 10 bytes each: the
 values of one `log_metrics` call share one tuple of names). That holds five minutes of a run that
@@ -135,6 +136,7 @@ class _State:
     stopped: bool = False
     last_sent: float = field(default_factory=time.monotonic)  # when the queue was last emptied
     down_since: float | None = None  # monotonic time the store stopped answering, while it does not
+    catching_up: bool = False  # the store answers again and the outage's backlog is being sent
     waited_metrics: int = 0  # metrics queued during the current outage (what its end replays)
     dropped: int = 0  # metrics dropped at the bound, in all
     notices: list[Notice] = field(default_factory=list)
@@ -213,7 +215,9 @@ class Outbox:
         return unsent
 
     def _settled(self) -> bool:
-        return self.state.empty or self.state.down_since is not None
+        """Nothing for a flush to wait for: all stored, or the store down or still sending an
+        outage's backlog (minutes of metrics: they stay queued, as during the outage)."""
+        return self.state.empty or self.state.down_since is not None or self.state.catching_up
 
     def take_notices(self) -> list[Notice]:
         with self.changed:
@@ -317,9 +321,9 @@ class Outbox:
                     "uri": self.shown_uri, "down_s": round(time.monotonic() - state.down_since, 1),
                     "metrics_replayed": state.waited_metrics, "metrics_dropped": state.dropped,
                 }))
-                state.down_since, state.waited_metrics = None, 0
+                state.down_since, state.waited_metrics, state.catching_up = None, 0, True
             if state.empty:
-                state.flush_requested = False
+                state.flush_requested = state.catching_up = False
                 state.last_sent = time.monotonic()
             self.changed.notify_all()
 
