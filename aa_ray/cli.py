@@ -42,7 +42,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-track", action="store_true", help="do not record the run in MLflow")
     run.add_argument("--plain", action="store_true", help="plain log lines instead of the live display")
 
-    validate = commands.add_parser("validate", help="print the resolved spec, or what is wrong with it")
+    validate = commands.add_parser(
+        "validate", help="check an experiment spec, sweep, suite or pipeline file (which one is detected) as its "
+        "command will: print what it resolves to, or what is wrong with it",
+    )
     with_spec(validate)
 
     rollout = commands.add_parser(
@@ -134,35 +137,76 @@ def main(argv: list[str] | None = None) -> int:
         return _report(args)
     if args.command in ("eval", "export"):
         return _policy_command(args)
+    if args.command == "validate":
+        try:
+            kind = _file_kind(args.spec)
+            if kind != "experiment spec":
+                return _validate_tune_file(kind, args)
+            spec = load_spec(args.spec, args.overrides)
+        except UserError as err:
+            return _fail(str(err))
+        return _validate(spec)
     try:
         spec = load_spec(args.spec, args.overrides)
     except UserError as err:
         return _fail(str(err))
-
-    if args.command == "validate":
-        from aa_ray.envs import env_dims
-
-        try:
-            obs, act_dim = env_dims(spec)
-        except UserError as err:
-            return _fail(str(err))
-        groups = f" ({', '.join(f'{key} {dim}' for key, dim in obs.groups)}; the actor reads {obs.actor})" \
-            if obs.groups else ""
-        print(f"# env {spec.env.id}: obs_dim {obs.full}{groups}, act_dim {act_dim}")
-        if spec.prior_data is not None:
-            from aa_ray.data.dataset import DatasetError
-
-            try:
-                print(f"# algo.prior_data: {_prior_data_note(spec, obs.full, act_dim)}")
-            except DatasetError as err:
-                return _fail(f"algo.prior_data: {err}")
-        print(f"# spec hash {spec_hash(spec)}\n# placement-group bundles: {spec.bundles()}")
-        print(spec_yaml(spec), end="")
-        return 0
-
     if args.command == "rollout":
         return _rollout(spec, args)
     return _run(spec, args)
+
+
+def _file_kind(path: str) -> str:
+    from aa_ray.spec.loader import read_yaml
+    from aa_ray.tune.specs import file_kind
+
+    return file_kind(read_yaml(path), Path(path))
+
+
+def _validate_tune_file(kind: str, args: argparse.Namespace) -> int:
+    """`validate` of a sweep, suite or pipeline: loaded as its command loads it (every trial, cell and
+    stage spec validated), and summarized."""
+    from aa_ray.tune.specs import load_pipeline, load_suite, load_sweep
+
+    if args.overrides:
+        return _fail(f"--set applies to experiment specs; {args.spec} is a {kind}: edit its set: section instead")
+    if kind == "sweep":
+        sweep = load_sweep(args.spec)
+        print(f"# sweep {sweep.spec.name}: base {sweep.spec.base}, metric {sweep.spec.metric} ({sweep.spec.mode}), "
+              f"{sweep.spec.num_samples} sample(s) of {', '.join(sweep.spec.search_space)}; every value checked "
+              "against the base spec")
+    elif kind == "suite":
+        suite = load_suite(args.spec)
+        print(f"# suite {suite.spec.name}: {len(suite.cells)} runs ({len(suite.spec.specs)} specs x "
+              f"{len(suite.spec.envs)} envs x {len(suite.spec.seeds)} seeds), each validated:")
+        print("\n".join(f"#   {name}" for name in suite.cells))
+    else:
+        pipeline = load_pipeline(args.spec)
+        print(f"# pipeline {pipeline.spec.name}: stages in order, each validated: "
+              + ", ".join(f"{name} ({pipeline.spec.stages[name].kind})" for name in pipeline.order))
+    return 0
+
+
+def _validate(spec: ExperimentSpec) -> int:
+    """`validate` of an experiment spec: its env made once (dims), its prior data, hash and bundles."""
+    from aa_ray.envs import env_dims
+
+    try:
+        obs, act_dim = env_dims(spec)
+    except UserError as err:
+        return _fail(str(err))
+    groups = f" ({', '.join(f'{key} {dim}' for key, dim in obs.groups)}; the actor reads {obs.actor})" \
+        if obs.groups else ""
+    print(f"# env {spec.env.id}: obs_dim {obs.full}{groups}, act_dim {act_dim}")
+    if spec.prior_data is not None:
+        from aa_ray.data.dataset import DatasetError
+
+        try:
+            print(f"# algo.prior_data: {_prior_data_note(spec, obs.full, act_dim)}")
+        except DatasetError as err:
+            return _fail(f"algo.prior_data: {err}")
+    print(f"# spec hash {spec_hash(spec)}\n# placement-group bundles: {spec.bundles()}")
+    print(spec_yaml(spec), end="")
+    return 0
 
 
 def _run(spec: ExperimentSpec, args: argparse.Namespace) -> int:

@@ -372,3 +372,29 @@ def _dependency_order(spec: PipelineSpec, path: Path) -> list[str]:
     for name in spec.stages:
         visit(name, [])
     return order
+
+
+# ---- which kind of file ------------------------------------------------------------------------
+FILE_MODELS: dict[str, type[SpecModel]] = {
+    "experiment spec": ExperimentSpec, "sweep": SweepSpec, "suite": SuiteSpec, "pipeline": PipelineSpec,
+}
+
+
+def _keys_only_in(kind: str) -> set[str]:
+    others = set().union(*(set(model.model_fields) for other, model in FILE_MODELS.items() if other != kind))
+    return set(FILE_MODELS[kind].model_fields) - others
+
+
+def file_kind(raw: dict[str, Any], path: Path) -> str:
+    """Which of the README's file kinds `raw` (a file's top-level mapping) is: the kind with the most
+    of the top-level keys only it has (algo and env: an experiment spec; search_space: a sweep; specs,
+    envs and seeds: a suite; stages: a pipeline), so a file with one of them misspelt or missing is
+    still recognized and validated as what it is. SpecError if no kind, or two, fit."""
+    counts = {kind: len(raw.keys() & _keys_only_in(kind)) for kind in FILE_MODELS}
+    best = max(counts.values())
+    kinds = [kind for kind, count in counts.items() if count == best]
+    if best == 0 or len(kinds) > 1:
+        hints = "; ".join(f"a {kind} has {', '.join(sorted(_keys_only_in(kind)))}" for kind in FILE_MODELS)
+        found = ", ".join(echo(key) for key in list(raw)[:10])
+        raise SpecError(f"{path}: cannot tell which kind of file this is (top-level keys: {found}); {hints}.")
+    return kinds[0]
