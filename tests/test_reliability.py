@@ -153,7 +153,7 @@ def test_a_run_stopped_by_sigterm_checkpoints_and_resumes_where_it_stopped(whole
     assert 300 <= resumed_at < 900 and last.name == f"step_{resumed_at:09d}"
     client = MlflowClient()
     [run] = client.search_runs([client.get_experiment_by_name("aa-ray").experiment_id])
-    assert run.info.status == "KILLED"
+    assert run.info.status == "KILLED" and run.data.tags["stop_reason"].startswith("stopped by SIGTERM")
 
     resumed = subprocess.run(aa_ray_command(*SETTINGS, "--resume", "latest"), capture_output=True, text=True,
                              timeout=600)

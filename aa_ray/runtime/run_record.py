@@ -24,6 +24,8 @@ from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import spec_yaml
 from aa_ray.tracking.credentials import scrub_uris, scrubbed
 
+STOP_REASON_TAG = "stop_reason"  # on a run that did not finish: why (a stop signal, an interrupt)
+
 if TYPE_CHECKING:
     from aa_ray.tracking.mlflow_tracker import MlflowTracker, RunContext
 
@@ -112,9 +114,9 @@ class RunRecord:
                 self.tracker.log_artifact(folder / name, f"checkpoints/{folder.name}")
         self.flush()
 
-    def close(self, status: str, ray_timeline: list[dict[str, Any]] | None) -> None:
+    def close(self, status: str, ray_timeline: list[dict[str, Any]] | None, reason: str | None = None) -> None:
         """The trace (also of a failed run: where it spent its time until then), the events file, and
-        the MLflow run ended with `status`."""
+        the MLflow run ended with `status` (and `reason`, a `stop_reason` tag, where it says why)."""
         if ray_timeline is not None:
             path = self.phases.write_trace(self.run_dir, ray_timeline)
             self.message(f"trace: {path} (open it in https://ui.perfetto.dev)")
@@ -123,6 +125,8 @@ class RunRecord:
         if self.tracker is not None:
             if (self.run_dir / EVENTS_FILE).is_file():
                 self.tracker.log_artifact(self.run_dir / EVENTS_FILE)
+            if reason is not None:
+                self.tracker.set_tag(STOP_REASON_TAG, reason)
             # a preempted run's checkpoint is on disk already, and its grace period is short
             unsent = self.tracker.finish(status, say=self.message, wait_s=10.0 if status == "KILLED" else None)
             self._tracking_events(self.last_step)

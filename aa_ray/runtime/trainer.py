@@ -70,6 +70,7 @@ from aa_ray.runtime.run_record import RunRecord
 from aa_ray.runtime.stop_signals import StopSignals
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import spec_hash
+from aa_ray.tracking.datasets import log_prior_data
 
 if TYPE_CHECKING:
     from aa_ray.tracking.mlflow_tracker import RunContext
@@ -159,7 +160,7 @@ class Trainer:
         self.checkpoints.check_writable()  # so does an output folder it could not write to
         # inline actors live in this process: no Ray to start or join
         started_ray = self.spec.runtime.backend == "ray" and cluster.connect(self.spec)
-        status = "FAILED"
+        status, reason = "FAILED", None
         # installed after Ray's own SIGTERM handler (ray.init's), which exits at once
         with self.stop_signals.installed():
             try:
@@ -172,6 +173,8 @@ class Trainer:
                     self.graph.queue_prior_stats()
                 self.graph.publish_weights()
                 self.record.start(self.resume.get("mlflow_run_id") if self.resume else None)
+                if prior_path is not None:  # the run page's Datasets panel names what it trained from
+                    log_prior_data(self.record, prior_path)
                 if self.resume is not None:  # so reports leave out what the interrupted attempt logged past it
                     self.record.log({m.RUN_RESUMED_AT: float(self.counters.env_steps)}, self.counters.env_steps)
                 if self.resumed_elsewhere:
@@ -181,13 +184,18 @@ class Trainer:
                     stop_reason = self._train()
                     final = self.last_checkpoint if stop_reason == PREEMPTED else self._final_checkpoint(stop_reason)
                 result = self._finish(stop_reason, final)
-                status = "KILLED" if stop_reason == PREEMPTED else "FINISHED"
+                if stop_reason == PREEMPTED:
+                    status, reason = "KILLED", (f"stopped by {self.stop_signals.received} at "
+                                                f"{self.counters.env_steps} env steps; checkpoint {final}")
+                else:
+                    status = "FINISHED"
                 return result
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as err:
                 status = "KILLED"
+                reason = f"interrupted ({err or 'KeyboardInterrupt'}); last checkpoint {self.last_checkpoint}"
                 raise
             finally:
-                self.record.close(status, cluster.timeline(self.spec) if self.spec.runtime.trace else None)
+                self.record.close(status, cluster.timeline(self.spec) if self.spec.runtime.trace else None, reason)
                 if self.graph is not None:
                     self.graph.close()
                 cluster.disconnect(started_ray)

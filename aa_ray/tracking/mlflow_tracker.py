@@ -288,6 +288,11 @@ class MlflowTracker:
         refused a write): the run records each as an event."""
         return self.outbox.take_notices()
 
+    def set_tag(self, key: str, value: str) -> None:
+        """A tag on the run (e.g. why it ended), sent in order with the metrics before it."""
+        value = scrub_uris(value)[:5000]  # MLflow's own limit on a tag's value is 8,000 characters
+        self.outbox.put_call(f"tag {key}", lambda: retry_locked(lambda: self.client.set_tag(self.run_id, key, value)))
+
     def finish(self, status: str = "FINISHED", say: Callable[[str], None] = print, wait_s: float | None = None) -> int:
         """End the run with `status` once everything before it is stored, waiting up to `wait_s`
         (default FINISH_WAIT_S) for a store that does not answer (`say`ing so). The number of
