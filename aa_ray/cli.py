@@ -13,8 +13,9 @@ from aa_ray import metric_names
 from aa_ray.errors import UserError
 from aa_ray.spec.loader import load_spec, spec_hash, spec_yaml
 
-# `aa-ray run` stopped by SIGTERM or SIGINT after writing its checkpoint: sysexits' EX_TEMPFAIL ("try
-# again later"), so a job scheduler can tell a preempted run, to requeue, from a failed one (1)
+# `aa-ray run` stopped by SIGTERM or SIGINT after writing its checkpoint (`aa-ray sweep`: after saving
+# Tune's state): sysexits' EX_TEMPFAIL ("try again later"), so a job scheduler can tell a preempted
+# run, to requeue, from a failed one (1)
 PREEMPTED_EXIT_CODE = 75
 
 if TYPE_CHECKING:
@@ -78,6 +79,11 @@ def _parser() -> argparse.ArgumentParser:
 
     sweep = commands.add_parser("sweep", help="a Ray Tune search over spec keys (see specs/sweeps/)")
     sweep.add_argument("spec", help="path to a YAML sweep spec")
+    sweep.add_argument(
+        "--resume", nargs="?", const="latest", choices=["latest"],
+        help="continue the newest sweep of this name that a signal (or a crash of this command) interrupted: "
+        "unfinished trials from their last checkpoint, into the same MLflow runs (a new sweep if there is none)",
+    )
     sweep.add_argument("--no-track", action="store_true", help="do not record the sweep in MLflow")
 
     suite = commands.add_parser(
@@ -352,7 +358,12 @@ def _tune_command(args: argparse.Namespace) -> int:
         if args.command == "sweep":
             from aa_ray.tune.sweep import run_sweep, trials_table
 
-            outcome = run_sweep(loaded, track=not args.no_track)
+            outcome = run_sweep(loaded, track=not args.no_track, resume=args.resume is not None)
+            if outcome["preempted"]:  # no table: its unfinished trials would read as stopped early
+                print(f"sweep stopped by a signal, its state saved ({outcome['root']}); continue it with the same "
+                      "command and --resume latest (unfinished trials resume from their last checkpoint)",
+                      file=sys.stderr)
+                return PREEMPTED_EXIT_CODE
             print(trials_table(outcome, loaded.spec.metric))
             failed = [t for t in outcome["trials"] if t["error"]]
             if outcome["best"] is None:

@@ -1,22 +1,35 @@
 """`aa-ray sweep`: a Ray Tune search over dotted spec keys. Every trial is a full training run
 (its own actor graph and placement group), reports each evaluation and checkpoint to Tune, is
 retried from its last checkpoint when it fails (`max_failures`), and is a child MLflow run of the
-sweep's parent run."""
+sweep's parent run.
+
+A sweep stopped by SIGTERM or SIGINT (a preemption notice, Ctrl-C) saves Tune's experiment state
+and ends its parent run KILLED; `resume=True` (`aa-ray sweep FILE --resume latest`) restores the
+newest interrupted sweep of that name with Tune's own `Tuner.restore`: unfinished trials continue
+from their last reported checkpoint in their own MLflow runs, finished ones are not run again."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from ray import tune
 
 from aa_ray import metric_names as m
 from aa_ray.spec.loader import set_values, validate_spec
+from aa_ray.tracking.mlflow_tracker import retry_locked
 from aa_ray.tune.parent import ParentRun, absolute_paths, end_invocation, tune_storage
 from aa_ray.tune.specs import Sweep
-from aa_ray.tune.trials import train_trial, trial_bundles, trial_resources
+from aa_ray.tune.trials import TRIAL_TAG, train_trial, trial_bundles, trial_resources
 
 
 def _format(value: Any) -> str:
@@ -38,21 +51,101 @@ def sweep_trial(config: dict[str, Any], base: dict[str, Any], root: str, trackin
     train_trial({"spec": set_values(base, params), "run_dir": str(Path(root) / trial_id), "tracking": tracking})
 
 
-def run_sweep(sweep: Sweep, track: bool = True, report: Any = print) -> dict[str, Any]:
-    """Run the sweep to the end; returns its trials (params, metric, status) and the best one."""
+STATE_FILE = "sweep.json"  # in the sweep's folder: where Tune keeps its state, the parent run, how it ended
+RESUMABLE = ("running", "preempted", "interrupted")  # "running": its driver died without a word (SIGKILL)
+
+
+@dataclass
+class InterruptedSweep:
+    root: Path  # the sweep's folder of trial run folders
+    tune_path: str  # Tune's experiment folder (or URI), what `Tuner.restore` takes
+    parent_run_id: str | None
+
+
+def interrupted_sweep(output_dir: str, name: str) -> InterruptedSweep | None:
+    """The newest sweep of this name under `output_dir` that did not end and whose Tune state can
+    be restored, else None."""
+    for root in sorted(Path(output_dir).glob(f"sweep-{name}-*"), reverse=True):  # the stamp sorts by time
+        try:
+            state = json.loads((root / STATE_FILE).read_text())
+        except (OSError, ValueError):  # a sweep from before this file existed, or one cut off mid-write
+            continue
+        if state.get("status") in RESUMABLE and tune.Tuner.can_restore(state["tune_path"]):
+            return InterruptedSweep(root, state["tune_path"], state.get("parent_run_id"))
+    return None
+
+
+def _write_state(root: Path, tune_path: str, parent: ParentRun | None, status: str) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    state = {"tune_path": tune_path, "parent_run_id": parent.run_id if parent else None, "status": status}
+    (root / STATE_FILE).write_text(json.dumps(state, indent=1))
+
+
+class SweepStopSignals:
+    """SIGTERM as Tune takes SIGINT. During `fit()` Tune answers a SIGINT by stopping its trials,
+    saving the experiment state and returning, which is what a preemption notice needs; SIGTERM
+    would meet the handler `ray.init` installs (sys.exit: trials killed, nothing saved). So SIGTERM
+    is turned into a SIGINT. A second signal raises KeyboardInterrupt at once (Tune's handler puts
+    the previous SIGINT handler back after its first signal)."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+
+    @contextmanager
+    def installed(self) -> Iterator[SweepStopSignals]:
+        """Handle SIGTERM while the block runs (in the main thread only: nowhere else may a handler
+        be set); the SIGTERM and SIGINT handlers from before afterwards (Tune leaves its SIGINT
+        handler in place when no signal came)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous_interrupt = signal.getsignal(signal.SIGINT)
+        previous_terminate = signal.signal(signal.SIGTERM, self._handle)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGTERM, previous_terminate)
+            signal.signal(signal.SIGINT, previous_interrupt)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.received is not None:
+            raise KeyboardInterrupt(f"a second stop signal ({signal.Signals(signum).name})")
+        self.received = signal.Signals(signum).name
+        # straight to stderr: a handler that prints could re-enter a stream's lock
+        os.write(2, f"\n{self.received}: stopping the sweep's trials and saving its state; "
+                    "send it again to stop at once\n".encode())
+        interrupt = signal.getsignal(signal.SIGINT)  # Tune's inside fit(), Python's (KeyboardInterrupt) outside
+        if not callable(interrupt):  # SIGINT ignored (a background job of a script) or left to the OS
+            raise KeyboardInterrupt(self.received)
+        interrupt(signal.SIGINT, frame)
+
+
+def run_sweep(sweep: Sweep, track: bool = True, report: Any = print, resume: bool = False) -> dict[str, Any]:
+    """Run the sweep to the end, or until a stop signal; returns its trials (params, metric,
+    status), the best one and whether it was `preempted`. `resume`: continue the newest interrupted
+    sweep of this name instead of starting a new one, if there is one."""
     from aa_ray.runtime import cluster
 
     spec = sweep.spec
     base = absolute_paths(sweep.base_raw)
     base_spec = validate_spec(base)
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    root = Path(base_spec.runtime.output_dir) / f"sweep-{spec.name}-{stamp}"
+    earlier = interrupted_sweep(base_spec.runtime.output_dir, spec.name) if resume else None
+    if earlier is not None:
+        root = earlier.root
+        report(f"resuming the sweep in {root} (Tune state {earlier.tune_path})")
+    else:
+        if resume:
+            report(f"no interrupted sweep {spec.name} under {base_spec.runtime.output_dir}: starting a new one")
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        root = Path(base_spec.runtime.output_dir) / f"sweep-{spec.name}-{stamp}"
     parent = None
     if track and base_spec.tracking.enabled:
-        parent = ParentRun(base_spec.tracking.experiment, "sweep", spec.name, run_name=f"sweep:{spec.name}")
-        parent.log(params={"search_space": json.dumps(spec.model_dump(mode="json")["search_space"]),
-                           "metric": spec.metric, "mode": spec.mode, "base": spec.base})
-        parent.log_artifact(sweep.path)
+        parent = ParentRun(base_spec.tracking.experiment, "sweep", spec.name, run_name=f"sweep:{spec.name}",
+                           reopen=earlier.parent_run_id if earlier else None)
+        if earlier is None or parent.run_id != earlier.parent_run_id:  # params are written once per parent run
+            parent.log(params={"search_space": json.dumps(spec.model_dump(mode="json")["search_space"]),
+                               "metric": spec.metric, "mode": spec.mode, "base": spec.base})
+            parent.log_artifact(sweep.path)
         report(f"mlflow parent run: {parent.run_id} (experiment {base_spec.tracking.experiment!r}): {parent.url}")
 
     # the embedded Ray holds max_concurrent_trials of the largest trial (a running cluster is used as is)
@@ -60,47 +153,94 @@ def run_sweep(sweep: Sweep, track: bool = True, report: Any = print) -> dict[str
     largest = max(sizes, key=lambda bundles: sum(bundle.get("CPU", 0.0) for bundle in bundles))
     started_ray = cluster.connect(None, cpus=sum(b.get("CPU", 0.0) for b in largest) * spec.max_concurrent_trials,
                                   py_modules=base_spec.env.py_modules)
-    status = "FAILED"
-    try:
-        cluster.check_capacity(largest, what="the sweep's largest trial")  # else Tune would wait forever
-        storage = tune_storage(spec.storage, root.parent / "tune", sweep.path)
-        trainable = tune.with_parameters(
-            sweep_trial, base=base, root=str(root), tracking=parent.child_tracking(spec.name, {}) if parent else None
-        )
-        # each trial's placement group: a bundle for the trial itself, then its own spec's bundles
-        resources = lambda config: trial_resources(validate_spec(set_values(base, config["params"])))  # noqa: E731
-        tuner = tune.Tuner(
-            tune.with_resources(trainable, resources),
-            param_space={"params": {key: domain.to_tune() for key, domain in spec.search_space.items()}},
-            tune_config=tune.TuneConfig(
-                metric=spec.metric, mode=spec.mode, num_samples=spec.num_samples,
-                max_concurrent_trials=spec.max_concurrent_trials, scheduler=_scheduler(sweep),
-                search_alg=_searcher(sweep), trial_dirname_creator=lambda trial: trial.trial_id,
-            ),
-            run_config=tune.RunConfig(
-                name=root.name, storage_path=storage,
-                failure_config=tune.FailureConfig(max_failures=spec.max_failures), verbose=1,
-            ),
-        )
-        results = tuner.fit()
-        trials = [_row(result, spec.metric) for result in results]
-        finished = [t for t in trials if t["metric"] is not None and t["error"] is None]
-        best = None
-        if finished:
-            pick = max if spec.mode == "max" else min
-            best = pick(finished, key=lambda t: t["metric"])
-        status = "FINISHED" if finished else "FAILED"
-        if parent is not None:
-            table = root / "trials.json"
-            root.mkdir(parents=True, exist_ok=True)
-            table.write_text(json.dumps(trials, indent=1, default=str))
-            parent.log_artifact(table)
-            if best is not None:
-                best_tags = {"aa_ray.best_trial": best["trial_id"], "aa_ray.best_params": json.dumps(best["params"])}
-                parent.log(metrics={f"best/{spec.metric}": best["metric"]}, tags=best_tags)
-        return {"trials": trials, "best": best, "root": str(root), "parent_run_id": parent.run_id if parent else None}
-    finally:
-        end_invocation(parent, status, started_ray, report)
+    status, ending = "FAILED", "failed"  # how the parent run and the sweep's state file end, unless told otherwise
+    tune_path = ""  # set once Tune holds the sweep: before that, a failure leaves an earlier state file as it was
+    # from here on SIGTERM is ours, not the handler ray.init installed
+    with SweepStopSignals().installed():
+        try:
+            cluster.check_capacity(largest, what="the sweep's largest trial")  # else Tune would wait forever
+            trainable = tune.with_parameters(
+                sweep_trial, base=base, root=str(root),
+                tracking=parent.child_tracking(spec.name, {}) if parent else None,
+            )
+            # each trial's placement group: a bundle for the trial itself, then its own spec's bundles
+            resources = lambda config: trial_resources(validate_spec(set_values(base, config["params"])))  # noqa: E731
+            if earlier is not None:
+                # unfinished and errored trials continue from their last reported checkpoint, finished ones stay
+                tuner = tune.Tuner.restore(earlier.tune_path, tune.with_resources(trainable, resources),
+                                           resume_unfinished=True, resume_errored=True)
+                tune_path = earlier.tune_path
+            else:
+                storage = tune_storage(spec.storage, root.parent / "tune", sweep.path)
+                tuner = _new_tuner(sweep, tune.with_resources(trainable, resources), root.name, storage)
+                tune_path = f"{storage.rstrip('/')}/{root.name}"  # a URI stays one
+            _write_state(root, tune_path, parent, "running")
+            results = tuner.fit()
+            trials_left = _trials_left(tune_path)
+            preempted = bool(trials_left)
+            if parent is not None and preempted:
+                _mark_stopped_children(parent, trials_left)
+            trials = [_row(result, spec.metric) for result in results]
+            finished = [t for t in trials if t["metric"] is not None and t["error"] is None]
+            best = None
+            if finished:
+                pick = max if spec.mode == "max" else min
+                best = pick(finished, key=lambda t: t["metric"])
+            status = "KILLED" if preempted else "FINISHED" if finished else "FAILED"
+            ending = "preempted" if preempted else status.lower()
+            if parent is not None:
+                table = root / "trials.json"
+                root.mkdir(parents=True, exist_ok=True)
+                table.write_text(json.dumps(trials, indent=1, default=str))
+                parent.log_artifact(table)
+                if best is not None:
+                    best_tags = {"aa_ray.best_trial": best["trial_id"],
+                                 "aa_ray.best_params": json.dumps(best["params"])}
+                    parent.log(metrics={f"best/{spec.metric}": best["metric"]}, tags=best_tags)
+            return {"trials": trials, "best": best, "root": str(root),
+                    "parent_run_id": parent.run_id if parent else None, "preempted": preempted}
+        except KeyboardInterrupt:  # a second signal, or one before fit(): Tune's last saved state still restores
+            status, ending = "KILLED", "interrupted"
+            raise
+        finally:
+            if tune_path:
+                _write_state(root, tune_path, parent, ending)
+            end_invocation(parent, status, started_ray, report)
+
+
+def _trials_left(tune_path: str) -> set[str]:
+    """The trials Tune's saved experiment state still has to run, as a stop signal leaves it (the
+    trials `fit()` returns all read as ended then: Tune stops them after saving the state)."""
+    from ray.tune.experiment import Trial
+
+    saved = tune.ExperimentAnalysis(tune_path)
+    return {trial.trial_id for trial in saved.trials if trial.status not in (Trial.TERMINATED, Trial.ERROR)}
+
+
+def _mark_stopped_children(parent: ParentRun, trial_ids: set[str]) -> None:
+    """The child runs of trials a stop signal cut short are KILLED, as a preempted `aa-ray run` is
+    (a stopped trial's own process may have ended its run FAILED on the way out); they continue on
+    resume."""
+    for child in parent.children():
+        if child.data.tags.get(TRIAL_TAG) in trial_ids and child.info.status != "FINISHED":
+            retry_locked(lambda child=child: parent.client.set_terminated(child.info.run_id, status="KILLED"))
+
+
+def _new_tuner(sweep: Sweep, trainable: Any, name: str, storage: str) -> tune.Tuner:
+    spec = sweep.spec
+    return tune.Tuner(
+        trainable,
+        param_space={"params": {key: domain.to_tune() for key, domain in spec.search_space.items()}},
+        tune_config=tune.TuneConfig(
+            metric=spec.metric, mode=spec.mode, num_samples=spec.num_samples,
+            max_concurrent_trials=spec.max_concurrent_trials, scheduler=_scheduler(sweep),
+            search_alg=_searcher(sweep), trial_dirname_creator=lambda trial: trial.trial_id,
+        ),
+        run_config=tune.RunConfig(
+            name=name, storage_path=storage,
+            failure_config=tune.FailureConfig(max_failures=spec.max_failures), verbose=1,
+        ),
+    )
 
 
 def _probe_params(sweep: Sweep) -> list[dict[str, Any]]:
