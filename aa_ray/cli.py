@@ -50,11 +50,23 @@ def _parser() -> argparse.ArgumentParser:
     with_spec(validate)
 
     rollout = commands.add_parser(
-        "rollout", help="record a transition dataset (Parquet) from a checkpoint's policy or a scripted controller"
+        "rollout",
+        help="record a transition dataset (Parquet or Minari) from a checkpoint's policy or a scripted controller",
     )
     with_spec(rollout)
     rollout.add_argument("--episodes", type=_positive_int, required=True, metavar="N", help="episodes to record")
-    rollout.add_argument("--out", required=True, metavar="PATH", help="the dataset file to write (.parquet)")
+    rollout.add_argument(
+        "--out", metavar="PATH",
+        help="the dataset file to write (.parquet); with --format minari the dataset root folder (default: "
+        "MINARI_DATASETS_PATH), the dataset goes to PATH/<dataset id>",
+    )
+    rollout.add_argument("--format", choices=["parquet", "minari"], default="parquet",
+                         help="Parquet with RLlib's columns (default), or a Minari dataset")
+    rollout.add_argument("--dataset-id", metavar="ID",
+                         help="with --format minari: the Minari id, (namespace/)name-v<N> (default <spec name>/"
+                         "<scripted|policy>-v0)")
+    rollout.add_argument("--track", action="store_true",
+                         help="record the rollout as an MLflow run, with the dataset it wrote as its input")
     source = rollout.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", metavar="CKPT", help="act with this checkpoint's policy")
     source.add_argument("--scripted", action="store_true", help="act with the env's scripted controller")
@@ -300,10 +312,19 @@ def _rollout(spec: ExperimentSpec, args: argparse.Namespace) -> int:
     from aa_ray.runtime.cluster import ResourceError
     from aa_ray.runtime.remote import TrainingError
 
+    if args.dataset_id is not None and args.format != "minari":
+        return _fail("--dataset-id names a Minari dataset: add --format minari")
+    if args.track:  # a store that does not answer stops the rollout before it starts
+        from aa_ray.tracking.mlflow_tracker import TrackingError, check_store_answers, store_uri
+
+        try:
+            check_store_answers(store_uri())
+        except TrackingError as err:
+            return _fail(str(err))
     try:
         summary = rollout(
             spec, args.out, args.episodes, checkpoint=args.checkpoint, scripted=args.scripted,
-            deterministic=args.deterministic,
+            deterministic=args.deterministic, dataset_format=args.format, dataset_id=args.dataset_id,
         )
     except (UserError, CheckpointError, RolloutError, DatasetError) as err:
         return _fail(str(err))
@@ -317,7 +338,34 @@ def _rollout(spec: ExperimentSpec, args: argparse.Namespace) -> int:
         if key.startswith("mean_") and key != "mean_return":
             line += f", mean {key.removeprefix('mean_')} {value:.4g}"
     print(line + ")")
+    if "dataset_id" in summary:
+        root = Path(summary["path"]).parents[len(Path(summary["dataset_id"]).parts) - 1]
+        print(f"minari: MINARI_DATASETS_PATH={root} then minari.load_dataset({summary['dataset_id']!r})")
+    if args.track:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            print(f"mlflow run: {_track_rollout(spec, args, summary)}")
+        except (MlflowException, DatasetError) as err:
+            return _fail(f"the dataset is written, but MLflow did not record the rollout: {str(err).splitlines()[0]}",
+                         code=1)
     return 0
+
+
+def _track_rollout(spec: ExperimentSpec, args: argparse.Namespace, summary: dict) -> str:
+    """The rollout as an MLflow run (`aa_ray.tracking.datasets.track_rollout`); its page's link."""
+    from mlflow import MlflowClient
+
+    from aa_ray.tracking.datasets import track_rollout
+    from aa_ray.tracking.mlflow_tracker import retry_locked, run_link, store_uri
+
+    client = MlflowClient(tracking_uri=store_uri())
+    tags = {"mlflow.runName": f"rollout-{spec.name}", "env": spec.env.id, "dataset": summary["path"]}
+    params = {"episodes": args.episodes, "policy": args.checkpoint or "scripted", "deterministic": args.deterministic,
+              "format": args.format}
+    run_id = track_rollout(client, spec.tracking.experiment, tags, summary, params)
+    experiment_id = retry_locked(lambda: client.get_run(run_id)).info.experiment_id
+    return run_link(str(client.tracking_uri), experiment_id, run_id)
 
 
 def _report(args: argparse.Namespace) -> int:

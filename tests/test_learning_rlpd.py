@@ -42,14 +42,20 @@ def sac_steps() -> int:
     return steps
 
 
-def test_rlpd_solves_pusher_reach_in_at_most_half_the_online_steps_of_sac(tmp_path: Path, sac_steps: int) -> None:
-    dataset = tmp_path / "pusher_reach_scripted.parquet"
-    summary = rollout(load_spec(SPECS / "rlpd.yaml"), dataset, 50, scripted=True, report=lambda line: None)
+# the same claim whichever format the scripted dataset is written in (Minari: read with `minari`)
+@pytest.mark.parametrize("dataset_format", ["parquet", "minari"])
+def test_rlpd_solves_pusher_reach_in_at_most_half_the_online_steps_of_sac(
+    tmp_path: Path, sac_steps: int, dataset_format: str
+) -> None:
+    out = tmp_path / ("pusher_reach_scripted.parquet" if dataset_format == "parquet" else "minari")
+    summary = rollout(load_spec(SPECS / "rlpd.yaml"), out, 50, scripted=True, report=lambda line: None,
+                      dataset_format=dataset_format)
     assert summary["transitions"] == 50 * 50 and summary["mean_distance"] < 1e-3 and summary["mean_success"] == 1.0
 
-    rlpd_steps, rlpd_distances = steps_to_solve("rlpd.yaml", f"algo.prior_data={dataset}")
+    rlpd_steps, rlpd_distances = steps_to_solve("rlpd.yaml", f"algo.prior_data={summary['path']}")
     assert rlpd_steps <= BUDGET, f"RLPD did not solve pusher-reach; eval distances {rlpd_distances}"
-    print(f"RLPD: {rlpd_steps} env steps (eval distances {rlpd_distances}); ratio {rlpd_steps / sac_steps:.2f}")
+    print(f"RLPD ({dataset_format}): {rlpd_steps} env steps (eval distances {rlpd_distances}); "
+          f"ratio {rlpd_steps / sac_steps:.2f}")
     assert 2 * rlpd_steps <= sac_steps, f"RLPD needed {rlpd_steps} online env steps, SAC {sac_steps}"
 
 

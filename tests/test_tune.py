@@ -149,6 +149,11 @@ def test_pipeline_ppo_rollout_rlpd_then_reuse(tmp_path: Path, capsys: pytest.Cap
     assert "aa_ray.reused_from" not in second_children["rlpd"].data.tags
     assert first_children["rlpd"].data.metrics["replay/prior_size"] == 6 * 50
     assert first_children["rollouts"].data.metrics["rollout/transitions"] == 6 * 50
+    # what fed what: the rollout run's dataset is the RLPD run's prior data (one name, one digest)
+    (written,) = client.get_run(first_children["rollouts"].info.run_id).inputs.dataset_inputs
+    (trained_on,) = client.get_run(first_children["rlpd"].info.run_id).inputs.dataset_inputs
+    assert (written.dataset.name, written.dataset.digest) == (trained_on.dataset.name, trained_on.dataset.digest)
+    assert [tag.value for tag in trained_on.tags] == ["training"] and written.dataset.name == "dataset.parquet"
 
 
 def test_a_failing_stage_stops_the_pipeline_and_keeps_earlier_outputs(tmp_path: Path) -> None:

@@ -3,25 +3,30 @@
 The spec's env and `runners` section decide what runs: R EnvRunner actors, each stepping its E
 env copies with a checkpoint's policy or the env's scripted controller. The driver hands each
 runner a share of the episodes in rounds (one `rollout` call per runner per round) and streams
-every round's episodes into the Parquet file while the next round runs.
+every round's episodes into the dataset while the next round runs: a Parquet file (the default,
+`aa_ray/data/dataset.py`) or, with `format="minari"`, a Minari dataset (`aa_ray/data/minari_format.py`).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
+from aa_ray.data import minari_format
 from aa_ray.data.dataset import DatasetMeta, DatasetWriter
 from aa_ray.data.scripted import scripted_controllers
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import spec_to_dict, validate_spec
 
 ROUNDS = 20  # about this many progress reports per rollout
+FORMATS = ("parquet", minari_format.FORMAT)
+DatasetFormat = Literal["parquet", "minari"]
 
 
 class RolloutError(ValueError):
@@ -85,22 +90,61 @@ def dataset_meta(spec: ExperimentSpec, producer: str) -> DatasetMeta:
         envs.close()
 
 
+def default_dataset_id(spec: ExperimentSpec, scripted: bool) -> str:
+    """A Minari id for a rollout that was not given one: <spec name>/<scripted|policy>-v0."""
+    return f"{spec.name}/{'scripted' if scripted else 'policy'}-v0"
+
+
+def minari_root(out: str | Path | None) -> Path:
+    """Where a Minari dataset is written: `out`, else MINARI_DATASETS_PATH; never a default in the
+    user's home (RolloutError instead)."""
+    if out is not None:
+        return Path(out).expanduser()
+    if os.environ.get(minari_format.ROOT_ENV):
+        return minari_format.default_root()
+    raise RolloutError(f"--format minari needs --out ROOT (the dataset root folder) or {minari_format.ROOT_ENV} set")
+
+
+def open_writer(
+    spec: ExperimentSpec, out: str | Path | None, meta: DatasetMeta, dataset_format: str, dataset_id: str | None,
+) -> DatasetWriter | minari_format.MinariWriter:
+    """The writer of a rollout's dataset; every problem with where it goes is raised here, before
+    any actor starts."""
+    if dataset_format == minari_format.FORMAT:
+        return minari_format.MinariWriter(
+            minari_root(out), dataset_id or default_dataset_id(spec, meta.producer == "scripted"), meta,
+            env_spec=minari_format.recorded_env_spec(spec),
+        )
+    if dataset_format != "parquet":
+        raise RolloutError(f"--format must be one of {', '.join(FORMATS)}, got {dataset_format!r}")
+    if out is None:
+        raise RolloutError("--out PATH (the .parquet file to write) is needed")
+    if Path(out).is_dir():
+        raise RolloutError(f"--out {out} is a folder; pass the path of the .parquet file to write")
+    return DatasetWriter(out, meta)
+
+
 def rollout_bundles(spec: ExperimentSpec) -> list[dict[str, float]]:
     return spec.bundles(learning=False)
 
 
 def rollout(
     spec: ExperimentSpec,
-    out: str | Path,
+    out: str | Path | None,
     episodes: int,
     *,
     checkpoint: str | Path | None = None,
     scripted: bool = False,
     deterministic: bool = False,
     report: Callable[[str], None] = _report,
+    dataset_format: DatasetFormat = "parquet",
+    dataset_id: str | None = None,
 ) -> dict[str, Any]:
-    """Write `episodes` episodes of the spec's env to the dataset `out`. Everything that can be
-    checked is checked before any actor starts (SpecError, CheckpointError, RolloutError). The
+    """Write `episodes` episodes of the spec's env to the dataset `out`: a Parquet file, or with
+    `dataset_format="minari"` a Minari dataset `<out>/<dataset_id>` (out: the dataset root, default
+    MINARI_DATASETS_PATH; dataset_id default `<spec name>/<scripted|policy>-v0`). Everything that can
+    be checked is checked before any actor starts (SpecError, CheckpointError, RolloutError,
+    DatasetError). The
     runners are an `ActorGraph` without learners: Ray actors, or with `runtime.backend: inline` plain
     objects in this process. Returns a summary: path, episodes, transitions, mean_return, producer,
     and `mean_<name>` for each task metric the env reports (mean_success from is_success;
@@ -113,8 +157,6 @@ def rollout(
 
     if episodes < 1:
         raise RolloutError(f"--episodes must be at least 1, got {episodes}")
-    if Path(out).is_dir():
-        raise RolloutError(f"--out {out} is a folder; pass the path of the .parquet file to write")
     if scripted == (checkpoint is not None):
         raise RolloutError("roll out either a checkpoint's policy or the scripted controller (exactly one)")
     obs, act_dim = env_dims(spec)  # SpecError for an env that cannot be made or used
@@ -126,32 +168,34 @@ def rollout(
         spec, policy_state = policy_from_checkpoint(spec, checkpoint)
         producer = str(Path(checkpoint).resolve())
     meta = dataset_meta(spec, producer)
+    writer = open_writer(spec, out, meta, dataset_format, dataset_id)
 
-    started_ray = spec.runtime.backend == "ray" and cluster.connect(spec)
-    graph: ActorGraph | None = None
-    try:
-        graph = ActorGraph(spec, obs, act_dim, learning=False)
-        graph.start()
-        runners = graph.runners
-        if policy_state is not None:
-            graph.load_runner_weights(policy_state)
+    # closed (moved into place) only once every episode is written; removed on any error
+    with writer:
+        started_ray = spec.runtime.backend == "ray" and cluster.connect(spec)
+        graph: ActorGraph | None = None
+        try:
+            graph = ActorGraph(spec, obs, act_dim, learning=False)
+            graph.start()
+            runners = graph.runners
+            if policy_state is not None:
+                graph.load_runner_weights(policy_state)
 
-        per_call = max(spec.runners.envs_per_runner, math.ceil(episodes / (len(runners) * ROUNDS)))
-        next_id = 0
+            per_call = max(spec.runners.envs_per_runner, math.ceil(episodes / (len(runners) * ROUNDS)))
+            next_id = 0
 
-        def submit() -> list:
-            nonlocal next_id
-            calls = []
-            for runner in runners:
-                n = min(per_call, episodes - next_id)
-                if n > 0:
-                    calls.append(runner.rollout.remote(n, next_id, scripted=scripted, deterministic=deterministic))
-                    next_id += n
-            return calls
+            def submit() -> list:
+                nonlocal next_id
+                calls = []
+                for runner in runners:
+                    n = min(per_call, episodes - next_id)
+                    if n > 0:
+                        calls.append(runner.rollout.remote(n, next_id, scripted=scripted, deterministic=deterministic))
+                        next_id += n
+                return calls
 
-        returns: list[float] = []
-        infos: dict[str, list[float]] = {}  # info key -> each episode's value at its end (envs.info_metrics)
-        with DatasetWriter(out, meta) as writer:
+            returns: list[float] = []
+            infos: dict[str, list[float]] = {}  # info key -> each episode's value at its end (envs.info_metrics)
             pending = submit()
             while pending:
                 results = get_results(pending)
@@ -166,17 +210,20 @@ def rollout(
                 line += f", mean return {np.mean(returns):.4g}"
                 line += "".join(f", mean {metric_name(key)} {np.mean(values):.4g}" for key, values in infos.items())
                 report(line)
-        summary = {
-            "path": str(writer.path),
-            "episodes": len(returns),
-            "transitions": writer.num_transitions,
-            "mean_return": float(np.mean(returns)),
-            "producer": producer,
-        }
-        # each task metric's mean at the episodes' ends: mean_success (is_success), mean_<key>
-        summary |= {f"mean_{metric_name(key)}": float(np.mean(values)) for key, values in infos.items()}
-        return summary
-    finally:
-        if graph is not None:
-            graph.close()
-        cluster.disconnect(started_ray)
+            summary = {
+                "path": str(writer.path),
+                "format": dataset_format,
+                "episodes": len(returns),
+                "transitions": writer.num_transitions,
+                "mean_return": float(np.mean(returns)),
+                "producer": producer,
+            }
+            if dataset_format == minari_format.FORMAT:
+                summary["dataset_id"] = writer.dataset_id
+            # each task metric's mean at the episodes' ends: mean_success (is_success), mean_<key>
+            summary |= {f"mean_{metric_name(key)}": float(np.mean(values)) for key, values in infos.items()}
+            return summary
+        finally:
+            if graph is not None:
+                graph.close()
+            cluster.disconnect(started_ray)

@@ -19,6 +19,7 @@ from typing import Any
 
 from ray import tune
 
+from aa_ray.data.minari_format import is_minari_folder
 from aa_ray.data.rollout import rollout_bundles
 from aa_ray.runtime.checkpoint import STATE_FILE
 from aa_ray.spec.experiment import ExperimentSpec
@@ -29,6 +30,7 @@ from aa_ray.tune.trials import DRIVER_CPUS, rollout_trial, train_trial, trial_re
 
 RECORD_FILE = "stage.json"  # written last, when a stage completed: its key, outputs and MLflow run
 DATASET_FILE = "dataset.parquet"
+MINARI_ROOT = "minari"  # a minari-format stage's dataset root: <stage folder>/minari/<dataset id>
 
 
 class PipelineError(RuntimeError):
@@ -44,7 +46,13 @@ def file_digest(path: Path) -> str:
 
 
 def output_digest(output: Path) -> str:
-    """The content hash of a stage output: a checkpoint's state file, or a dataset file."""
+    """The content hash of a stage output: a checkpoint's state file, a dataset file, or a Minari
+    dataset's files (their names and contents)."""
+    if is_minari_folder(output):
+        digest = hashlib.sha256()
+        for file in sorted(p for p in output.rglob("*") if p.is_file()):
+            digest.update(f"{file.relative_to(output)}:{file_digest(file)}".encode())
+        return digest.hexdigest()
     return file_digest(output / STATE_FILE if output.is_dir() else output)
 
 
@@ -63,6 +71,10 @@ class StagePlan:
             self.checkpoint = inputs.get("policy")
             settings = {"episodes": self.stage.episodes, "deterministic": self.stage.deterministic,
                         "scripted": self.stage.scripted}
+            self.dataset_id = None
+            if self.stage.format == "minari":  # (a Parquet stage's key stays what it was before formats)
+                self.dataset_id = self.stage.dataset_id or f"{pipeline.spec.name}/{name}-v0"
+                settings |= {"format": self.stage.format, "dataset_id": self.dataset_id}
             identity = {"kind": "rollout", "spec": spec_hash(self.spec), **settings, "inputs": digests}
         else:
             # hashed with the inputs' contents in place of their paths; run with the paths
@@ -71,8 +83,12 @@ class StagePlan:
             identity = {"kind": "train", "spec": spec_hash(hashed), "inputs": digests}
         self.key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
         self.folder = root / f"{name}-{self.key}"
-        self.output = self.folder / DATASET_FILE if isinstance(self.stage, RolloutStage) else (
-            self.folder / "checkpoints" / "final")
+        if not isinstance(self.stage, RolloutStage):
+            self.output = self.folder / "checkpoints" / "final"
+        elif self.dataset_id is not None:
+            self.output = self.folder / MINARI_ROOT / self.dataset_id
+        else:
+            self.output = self.folder / DATASET_FILE
 
     def completed_record(self) -> dict[str, Any] | None:
         path = self.folder / RECORD_FILE
@@ -88,9 +104,12 @@ class StagePlan:
         spec_raw = self.spec.model_dump(mode="json")
         if isinstance(self.stage, RolloutStage):
             return rollout_trial, {
-                "spec": spec_raw, "out": str(self.output), "episodes": self.stage.episodes,
+                "spec": spec_raw, "episodes": self.stage.episodes,
                 "checkpoint": str(self.checkpoint) if self.checkpoint else None, "scripted": self.stage.scripted,
-                "deterministic": self.stage.deterministic, "tracking": tracking,
+                "deterministic": self.stage.deterministic, "tracking": tracking, "format": self.stage.format,
+                "dataset_id": self.dataset_id,
+                # a Minari dataset goes under its root, by id; a Parquet one is the file itself
+                "out": str(self.folder / MINARI_ROOT if self.dataset_id else self.output),
             }
         return train_trial, {"spec": spec_raw, "run_dir": str(self.folder), "tracking": tracking}
 

@@ -272,6 +272,12 @@ class RolloutStage(SpecModel):
     set: dict[str, Any] = Field(default_factory=dict, description="dotted overrides of that spec")
     episodes: PositiveInt
     deterministic: bool = Field(False, description="the policy's mean action instead of a sample")
+    format: Literal["parquet", "minari"] = Field(
+        "parquet", description="the dataset's format: Parquet (RLlib's columns) or a Minari dataset"
+    )
+    dataset_id: str | None = Field(
+        None, description="with format: minari, the dataset's Minari id (default <pipeline>/<stage>-v0)"
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> RolloutStage:
@@ -279,6 +285,13 @@ class RolloutStage(SpecModel):
             raise ValueError("a rollout stage needs exactly one of policy: STAGE.checkpoint or scripted: true")
         if self.scripted and self.spec is None:
             raise ValueError("a scripted rollout stage needs a spec (which env to run)")
+        if self.dataset_id is not None:
+            from aa_ray.data.minari_format import valid_dataset_id
+
+            if self.format != "minari":
+                raise ValueError("dataset_id names a Minari dataset: set format: minari, or leave dataset_id out")
+            if not valid_dataset_id(self.dataset_id):
+                raise ValueError(f"dataset_id {self.dataset_id!r} is not a Minari id ((namespace/)name-v<version>)")
         return self
 
     def references(self) -> dict[str, str]:

@@ -6,6 +6,7 @@ last checkpoint and keeps writing into the same MLflow run."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -90,35 +91,32 @@ def train_trial(config: dict[str, Any], on_finished: Callable[[dict[str, float]]
 
 
 def rollout_trial(config: dict[str, Any]) -> None:
-    """Record a dataset (`aa_ray.data.rollout`) inside a Tune trial; the MLflow child run holds its
-    summary. Reports the summary once."""
-    from mlflow.entities import Metric, Param
+    """Record a dataset (`aa_ray.data.rollout`: Parquet, or Minari with `format: minari`) inside a
+    Tune trial; the MLflow child run holds its summary and lists the dataset as its input
+    (`aa_ray.tracking.datasets`). Reports the summary once."""
     from mlflow.tracking import MlflowClient
 
     from aa_ray.data.rollout import rollout
-    from aa_ray.tracking.mlflow_tracker import start_run
+    from aa_ray.tracking.datasets import track_rollout
 
     context = tune.get_context()
     spec = validate_spec(config["spec"], source=f"trial {context.get_trial_name()}")
+    if config.get("dataset_id"):
+        # the stage folder is named by the stage's content key: a dataset already there is this stage's
+        # own, from an attempt that failed after writing it (Minari never overwrites a dataset)
+        shutil.rmtree(Path(config["out"]) / config["dataset_id"], ignore_errors=True)
     summary = rollout(
         spec, config["out"], config["episodes"], checkpoint=config["checkpoint"], scripted=config["scripted"],
-        deterministic=config["deterministic"], report=print,
+        deterministic=config["deterministic"], report=print, dataset_format=config.get("format", "parquet"),
+        dataset_id=config.get("dataset_id"),
     )
     tracking = config["tracking"]
     if tracking:
         client = MlflowClient(tracking_uri=tracking["uri"])
         tags = {**tracking["tags"], PARENT_TAG: tracking["parent_run_id"], "mlflow.runName": tracking["run_name"],
                 "env": spec.env.id, "dataset": summary["path"]}
-        run_id = start_run(client, spec.tracking.experiment, tags)
         params = {"episodes": config["episodes"], "policy": config["checkpoint"] or "scripted",
-                  "deterministic": config["deterministic"]}
-        # mean_return and the env's task metrics (mean_success, mean_<info key>)
-        metrics = {k: v for k, v in summary.items() if k in ("episodes", "transitions") or k.startswith("mean_")}
-        retry_locked(lambda: client.log_batch(
-            run_id, metrics=[Metric(f"rollout/{k}", float(v), 0, 0) for k, v in metrics.items()],
-            params=[Param(k, str(v)) for k, v in params.items()],
-        ))
-        retry_locked(lambda: client.set_terminated(run_id))
-        summary["mlflow_run_id"] = run_id
+                  "deterministic": config["deterministic"], "format": summary["format"]}
+        summary["mlflow_run_id"] = track_rollout(client, spec.tracking.experiment, tags, summary, params)
     tune.report({"transitions": float(summary["transitions"]), "mean_return": summary["mean_return"],
                  "mlflow_run_id": summary.get("mlflow_run_id", "")})
