@@ -10,15 +10,19 @@ write) become events like any other.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+import shutil
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aa_ray import metric_names as m
-from aa_ray.runtime.checkpoint import SPEC_FILE, STATE_FILE
+from aa_ray.runtime.checkpoint import SPEC_FILE, STATE_FILE, checkpoint_policy, load_checkpoint
 from aa_ray.runtime.phases import Phases
 from aa_ray.runtime.progress import ProgressDisplay, task_metric
+from aa_ray.runtime.remote import get_results
 from aa_ray.runtime.run_files import EVENTS_FILE, write_event, write_video
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import spec_yaml
@@ -27,7 +31,37 @@ from aa_ray.tracking.credentials import scrub_uris, scrubbed
 STOP_REASON_TAG = "stop_reason"  # on a run that did not finish: why (a stop signal, an interrupt)
 
 if TYPE_CHECKING:
+    import torch
+
     from aa_ray.tracking.mlflow_tracker import MlflowTracker, RunContext
+    from aa_ray.tracking.models import ModelUpload
+
+FINAL_CHECKPOINT = "final"  # the checkpoint of a run's end (a preempted run's last one is not: it resumes)
+MODELS_FOLDER = "models"  # in the run folder: each logged MLflow model, also when the store never got it
+
+
+@dataclass(frozen=True)
+class BestPolicy:
+    """The policy of the run's best evaluation so far (`tracking.log_best_model`)."""
+
+    metric: str
+    value: float
+    env_steps: int
+    state: dict[str, torch.Tensor]
+
+
+def ranking(spec: ExperimentSpec, evaluation: dict[str, float]) -> tuple[str, float] | None:
+    """The metric an evaluation is ranked by for the best policy, and its value signed so that more
+    is better: the first stop rule whose metric the evaluation has (as the stop rules decide), else
+    the return. None for a value that is not finite."""
+    for rule in spec.budget.stop_rules:
+        if rule.metric in evaluation:
+            metric, sign = rule.metric, -1.0 if rule.below is not None else 1.0
+            break
+    else:
+        metric, sign = m.EVAL_RETURN, 1.0
+    value = evaluation.get(metric)
+    return (metric, sign * value) if value is not None and math.isfinite(value) else None
 
 
 class RunRecord:
@@ -40,6 +74,8 @@ class RunRecord:
         self.tracker: MlflowTracker | None = None  # made by `start` when the run is tracked
         self.progress: ProgressDisplay | None = None  # shown while `showing_progress` lasts
         self.last_step = 0  # env steps of the last metrics logged (where the run's last events go)
+        self.best: BestPolicy | None = None  # kept only when the spec asks for the best policy's model
+        self.model_uploads: list[ModelUpload] = []  # the run's models on their way to the store
         if track:  # a tracking server that does not answer stops the run here, before anything starts
             from aa_ray.tracking.mlflow_tracker import check_store_answers, store_uri
 
@@ -106,13 +142,51 @@ class RunRecord:
         if self.tracker is not None:
             self.tracker.flush()
 
+    def evaluated(self, evaluation: dict[str, float], env_steps: int, policy_weights: Any) -> None:
+        """Keep the evaluated policy's weights (`policy_weights`: the graph's ref of them, Ray's or
+        inline) while it is the run's best, when its model is to be logged (`tracking.log_best_model`):
+        fetched now, as a ref may not outlive a rebuilt actor graph."""
+        if self.tracker is None or not self.spec.tracking.log_best_model:
+            return
+        ranked = ranking(self.spec, evaluation)
+        if ranked is not None and (self.best is None or ranked[1] > self.best.value):
+            self.best = BestPolicy(ranked[0], ranked[1], env_steps, get_results(policy_weights))
+
     def final_checkpoint(self, folder: Path) -> None:
-        """The final checkpoint's state and spec as artifacts, and every metric stored (before the
-        final report: Tune may end a trial's process right after it)."""
+        """The final checkpoint's state and spec as artifacts, the policy models the spec asks for,
+        and every metric stored (before the final report: Tune may end a trial's process right after it)."""
         if self.tracker is not None:
             for name in (STATE_FILE, SPEC_FILE):
                 self.tracker.log_artifact(folder / name, f"checkpoints/{folder.name}")
+            if folder.name == FINAL_CHECKPOINT:
+                self._log_models(folder)
         self.flush()
+
+    def _log_models(self, final: Path) -> None:
+        """The final policy (and the best one) saved as MLflow models in the run folder and handed to
+        the outbox. A policy that cannot be saved is an event, never a failed run: training is done."""
+        from aa_ray.tracking.models import BEST_MODEL, FINAL_MODEL, save_policy_model
+
+        tracking = self.spec.tracking
+        wanted: list[tuple[str, int, Callable[[], dict[str, Any]], str | None]] = []
+        if tracking.log_model:
+            wanted.append((FINAL_MODEL, self.last_step, lambda: checkpoint_policy(load_checkpoint(final))[1],
+                           tracking.register_model))
+        if self.best is not None:
+            best = self.best
+            wanted.append((BEST_MODEL, best.env_steps, lambda: best.state, None))
+        for name, env_steps, policy_state, register_as in wanted:
+            folder = self.run_dir / MODELS_FOLDER / name
+            shutil.rmtree(folder, ignore_errors=True)  # an earlier end's, when a finished run was resumed
+            try:
+                with self.phases.timed(m.PHASE_TRACKING):
+                    saved = save_policy_model(self.spec, policy_state(), folder, name, env_steps)
+            except Exception as err:  # noqa: BLE001 - an export the policy does not support (a plugin's module)
+                self.event("model_not_logged", self.last_step, model=name, reason=f"{type(err).__name__}: {err}"[:500])
+                continue
+            self.message(f"model {name}: {folder} (saved in {saved.seconds:.1f} s), in MLflow as runs:/"
+                         f"{self.tracker.run_id}/{name}" + (f", registered as {register_as}" if register_as else ""))
+            self.model_uploads.append(self.tracker.log_model(saved, register_as))
 
     def close(self, status: str, ray_timeline: list[dict[str, Any]] | None, reason: str | None = None) -> None:
         """The trace (also of a failed run: where it spent its time until then), the events file, and
@@ -130,6 +204,11 @@ class RunRecord:
             # a preempted run's checkpoint is on disk already, and its grace period is short
             unsent = self.tracker.finish(status, say=self.message, wait_s=10.0 if status == "KILLED" else None)
             self._tracking_events(self.last_step)
+            for upload in self.model_uploads:
+                if not upload.stored:
+                    self.event("model_not_logged", self.last_step, model=upload.saved.name,
+                               folder=str(upload.saved.folder), reason="the MLflow store did not take it before the "
+                               "run's end; the folder is a complete MLflow model (mlflow.pyfunc.load_model reads it)")
             if unsent:
                 self.event("tracking_unsent", self.last_step, metrics=unsent, reason="the MLflow store did not answer "
                            "before the run's end; these metrics are not in the MLflow run")

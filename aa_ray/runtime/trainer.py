@@ -275,6 +275,7 @@ class Trainer:
         if self.spec.eval.video and not self.video_unavailable:
             self._record_video()
         evaluation[m.EVAL_AT_ENV_STEPS] = float(self.counters.env_steps)
+        self.record.evaluated(evaluation, self.counters.env_steps, self.graph.weights[0])
         self.counters.evals.append(evaluation)
         self.metrics.set("aa_ray_eval_return", evaluation[m.EVAL_RETURN])
         return evaluation

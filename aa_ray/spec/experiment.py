@@ -274,6 +274,28 @@ class TrackingSpec(SpecModel):
     enabled: bool = Field(True, description="record the run in MLflow")
     experiment: str = Field("aa-ray", min_length=1, description="MLflow experiment name")
     flush_every_s: PositiveFloat = Field(10.0, description="send buffered metrics at most this often")
+    log_model: bool = Field(
+        True,
+        description="log the final policy as an MLflow Model named policy (PyTorch and pyfunc flavors, a signature "
+        "from observations to actions, an input example): mlflow.pyfunc.load_model and mlflow models serve take "
+        "runs:/<run id>/policy. About a second at the run's end (a few on the first export in a process)",
+    )
+    log_best_model: bool = Field(
+        False,
+        description="also log the policy of the run's best evaluation as the MLflow Model best_policy: best by the "
+        "first budget.stop_at rule's metric (below: lowest; above: highest), else the highest eval/return",
+    )
+    register_model: SafeName | None = Field(
+        None,
+        description="register the logged final policy in MLflow's model registry under this name, a new version "
+        "per run (needs log_model)",
+    )
+
+    @model_validator(mode="after")
+    def _registers_a_logged_model(self) -> TrackingSpec:
+        if self.register_model is not None and not self.log_model:
+            raise ValueError("register_model registers the logged final policy: set log_model: true as well")
+        return self
 
 
 class RuntimeSpec(SpecModel):

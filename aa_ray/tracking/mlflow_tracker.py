@@ -35,6 +35,7 @@ from aa_ray.errors import UserError
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import flatten, spec_hash, spec_to_dict
 from aa_ray.tracking.credentials import scrub_uris, scrubbed, without_credentials
+from aa_ray.tracking.models import ModelUpload, SavedModel
 from aa_ray.tracking.outbox import FINISH_WAIT_S, FLUSH_WAIT_S, MAX_BATCH, Notice, Outbox, store_answers
 
 _MAX_PARAMS = 100  # and of params per call
@@ -282,6 +283,17 @@ class MlflowTracker:
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         self.outbox.put_call(f"artifact {path}", lambda: retry_locked(
             lambda: self.client.log_artifact(self.run_id, str(path), artifact_path)))
+
+    def log_model(self, saved: SavedModel, register_as: str | None = None) -> ModelUpload:
+        """A model folder saved on disk (`tracking.models`) stored as the run's logged model, through
+        the outbox like any artifact; registering it is a write of its own, so a name the registry
+        refuses costs the registration only. The upload says whether it was stored."""
+        upload = ModelUpload(self.client, self.run_id, self.experiment_id, saved)
+        self.outbox.put_call(f"model {saved.name} ({saved.folder})", lambda: retry_locked(upload.send))
+        if register_as is not None:
+            self.outbox.put_call(f"registering model {saved.name} as {register_as}",
+                                 lambda: retry_locked(lambda: upload.register(register_as)))
+        return upload
 
     def notices(self) -> list[Notice]:
         """What happened to the store since the last call (it stopped answering, answers again,
