@@ -179,8 +179,7 @@ class RunRecord:
             folder = self.run_dir / MODELS_FOLDER / name
             shutil.rmtree(folder, ignore_errors=True)  # an earlier end's, when a finished run was resumed
             try:
-                with self.phases.timed(m.PHASE_TRACKING):
-                    saved = save_policy_model(self.spec, policy_state(), folder, name, env_steps)
+                saved = save_policy_model(self.spec, policy_state(), folder, name, env_steps)
             except Exception as err:  # noqa: BLE001 - an export the policy does not support (a plugin's module)
                 self.event("model_not_logged", self.last_step, model=name, reason=f"{type(err).__name__}: {err}"[:500])
                 continue

@@ -278,7 +278,7 @@ class TrackingSpec(SpecModel):
         True,
         description="log the final policy as an MLflow Model named policy (PyTorch and pyfunc flavors, a signature "
         "from observations to actions, an input example): mlflow.pyfunc.load_model and mlflow models serve take "
-        "runs:/<run id>/policy. About a second at the run's end (a few on the first export in a process)",
+        "runs:/<run id>/policy. A few seconds at the run's end (the first torch.export in a process)",
     )
     log_best_model: bool = Field(
         False,

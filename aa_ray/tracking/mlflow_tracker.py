@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import urlencode
 
 import mlflow
@@ -35,8 +35,10 @@ from aa_ray.errors import UserError
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import flatten, spec_hash, spec_to_dict
 from aa_ray.tracking.credentials import scrub_uris, scrubbed, without_credentials
-from aa_ray.tracking.models import ModelUpload, SavedModel
 from aa_ray.tracking.outbox import FINISH_WAIT_S, FLUSH_WAIT_S, MAX_BATCH, Notice, Outbox, store_answers
+
+if TYPE_CHECKING:  # the model module brings torch and the envs: imported when a run logs a model
+    from aa_ray.tracking.models import ModelUpload, SavedModel
 
 _MAX_PARAMS = 100  # and of params per call
 _LOCK_WAIT_S = 120.0  # give up on a locked SQLite store after this long
@@ -288,6 +290,8 @@ class MlflowTracker:
         """A model folder saved on disk (`tracking.models`) stored as the run's logged model, through
         the outbox like any artifact; registering it is a write of its own, so a name the registry
         refuses costs the registration only. The upload says whether it was stored."""
+        from aa_ray.tracking.models import ModelUpload
+
         upload = ModelUpload(self.client, self.run_id, self.experiment_id, saved)
         self.outbox.put_call(f"model {saved.name} ({saved.folder})", lambda: retry_locked(upload.send))
         if register_as is not None:
