@@ -5,23 +5,29 @@ starts."""
 from __future__ import annotations
 
 import contextlib
+import itertools
+import re
 import threading
 import time
+import traceback
 from pathlib import Path
 
 import psutil
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
+from ray.exceptions import RayTaskError
 
 from aa_ray import cli
-from aa_ray.data.dataset import read_dataset
+from aa_ray.data.sources import read_dataset
 from aa_ray.runtime.checkpoint import load_checkpoint
+from aa_ray.spec.experiment import StopAtSpec
 from aa_ray.spec.loader import SpecError
 from aa_ray.tracking.mlflow_tracker import retry_locked
 from aa_ray.tune.pipeline import PipelineError, run_pipeline
 from aa_ray.tune.specs import load_pipeline, load_sweep
-from aa_ray.tune.sweep import run_sweep
+from aa_ray.tune.sweep import error_paragraph, run_sweep
+from aa_ray.tune.trials import TRIAL_LOG
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 TINY_EVAL = {"eval.every_env_steps": 500, "eval.episodes": 2}
@@ -58,10 +64,12 @@ def kill_a_trial_once_two_trials_checkpointed(stop: threading.Event, killed: lis
         time.sleep(0.05)
 
 
-def test_sweep_grid_with_a_killed_trial(tmp_path: Path) -> None:
+def test_sweep_grid_with_a_killed_trial(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
     """A 2x2 grid over algo.utd_ratio x algo.bee_lambda, two trials at a time: every trial finishes
     its budget; the trial whose process was killed mid-run is retried from its last checkpoint and
-    completes; MLflow holds one parent with exactly four children, each with its own params."""
+    completes; MLflow holds one parent with exactly four children, each with its own params. The
+    console (captured: not a terminal) is Tune's status table and a line per trial event, without
+    colour codes; each trial's progress is in its own log."""
     sweep_file = write(tmp_path / "sweep.yaml", {
         "name": "utd_bee_tiny", "base": str(SPECS / "sac_bee.yaml"),
         # the first checkpoint (400) comes before the first evaluation (500): its report still has the metric
@@ -84,6 +92,7 @@ def test_sweep_grid_with_a_killed_trial(tmp_path: Path) -> None:
     assert all(t["error"] is None and t["finished"] and t["env_steps"] >= 1500 for t in trials), trials
     assert sum(t["resumed"] for t in trials) == 1, trials  # the killed one, resumed from its checkpoint
     assert outcome["best"]["metric"] == min(t["metric"] for t in trials)
+    assert_a_readable_console(capfd.readouterr(), Path(outcome["root"]), [t["trial_id"] for t in trials])
 
     client = MlflowClient()
     parent = client.get_run(outcome["parent_run_id"])
@@ -97,6 +106,41 @@ def test_sweep_grid_with_a_killed_trial(tmp_path: Path) -> None:
         assert float(run.data.params["algo.bee_lambda"]) == sampled["algo.bee_lambda"]
         assert int(run.data.params["algo.utd_ratio"]) == sampled["algo.utd_ratio"]
         assert "eval/distance" in run.data.metrics
+
+
+def assert_a_readable_console(captured: pytest.CaptureResult, root: Path, trial_ids: list[str]) -> None:
+    """No trial's own output on the console (its progress lines, Ray's "[repeated ...]" marker for
+    forwarded lines), no colour codes, no hint to run TensorBoard; the status table and a line per
+    trial event, the killed trial's failure in one line; each trial's progress in its trial.log."""
+    console = captured.out + captured.err
+    assert "\x1b[" not in console, console[max(0, console.find("\x1b[") - 1000):][:2000]
+    assert "env_steps" not in console and "repeated" not in console, console[-4000:]
+    assert "tensorboard" not in console.lower()
+    assert "== Status ==" in console and "eval/distance" in console
+    for trial_id in trial_ids:
+        assert f"trial {trial_id} started [" in console and f"trial {trial_id} finished at " in console
+        assert "env_steps" in (root / trial_id / TRIAL_LOG).read_text()
+    (failure,) = [line for line in console.splitlines() if "retried from its last checkpoint" in line]
+    assert "Error" in failure and "traceback: " in failure, failure
+    assert re.search(r"resuming from [\d,]+ env steps", console), console[-4000:]
+
+
+def test_a_failed_trial_is_one_paragraph_on_the_console() -> None:
+    """The trial's own exception and its message's first paragraph, not Ray's remote traceback."""
+    try:
+        raise ValueError("env.kwargs: no_such_argument\nis not an argument of the env\n\nmore detail")
+    except ValueError as cause:
+        wrapped = RayTaskError("train", traceback.format_exc(), cause)
+    assert error_paragraph(wrapped) == "ValueError: env.kwargs: no_such_argument is not an argument of the env"
+    assert error_paragraph(None) == "its error is in the traceback file"
+
+
+def test_the_shipped_sweep_stops_its_trials_at_5_cm() -> None:
+    """specs/sweeps/utd_bee.yaml's comment promises an early stop below 5 cm: every trial has it."""
+    sweep = load_sweep(SPECS / "sweeps" / "utd_bee.yaml")
+    for utd_ratio, bee_lambda in itertools.product([1, 2], [0.25, 0.5]):
+        spec = sweep.trial_spec({"algo.utd_ratio": utd_ratio, "algo.bee_lambda": bee_lambda})
+        assert spec.budget.stop_rules == (StopAtSpec(metric="eval/distance", below=0.05),)
 
 
 def pipeline_document(rlpd_seed: int) -> dict:

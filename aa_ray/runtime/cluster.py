@@ -43,11 +43,13 @@ class ResourceError(RuntimeError):
     """The cluster cannot hold the actors the spec asks for."""
 
 
-def connect(spec: ExperimentSpec | None, cpus: float | None = None, py_modules: Sequence[str] = ()) -> bool:
+def connect(spec: ExperimentSpec | None, cpus: float | None = None, py_modules: Sequence[str] = (),
+            log_to_driver: bool = True) -> bool:
     """Join `RAY_ADDRESS` when set, else start an embedded local Ray sized for the spec (or for
     `cpus`, e.g. a sweep's concurrent trials). The spec's `env.py_modules` (else `py_modules`) go to
-    every worker in the job's runtime env. Returns True when this call started Ray (and so should
-    shut it down)."""
+    every worker in the job's runtime env. `log_to_driver=False`: the workers' output stays in their
+    own logs instead of being printed here (a sweep's trials write their own). Returns True when
+    this call started Ray (and so should shut it down)."""
     import ray
 
     if ray.is_initialized():
@@ -63,7 +65,7 @@ def connect(spec: ExperimentSpec | None, cpus: float | None = None, py_modules: 
         job_vars = job_env.get("env_vars") or {}
         runtime_env["env_vars"] = {key: value for key, value in runtime_env["env_vars"].items() if key not in job_vars}
         ray.init(runtime_env={key: value for key, value in runtime_env.items() if key not in job_env or
-                              key == "env_vars"}, log_to_driver=True)
+                              key == "env_vars"}, log_to_driver=log_to_driver)
         return True
     needed = cpus if cpus is not None else sum(bundle.get("CPU", 0) for bundle in spec.bundles())
     ray.init(
@@ -71,7 +73,7 @@ def connect(spec: ExperimentSpec | None, cpus: float | None = None, py_modules: 
         num_cpus=max(math.ceil(needed), os.cpu_count() or 1),
         include_dashboard=False,
         runtime_env=runtime_env,
-        log_to_driver=True,
+        log_to_driver=log_to_driver,
         # The GCS keeps a record of every actor call (about 3 KB each, up to 100k by default): a long
         # run's GCS grew by 36 MB per 100k env steps (benchmarks/RESULTS.md section 10). 10k
         # records still cover the last minutes of a run for debugging.

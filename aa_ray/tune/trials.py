@@ -7,7 +7,8 @@ last checkpoint and keeps writing into the same MLflow run."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,16 @@ from aa_ray.tracking.mlflow_tracker import PARENT_TAG, RunContext, retry_locked
 
 DRIVER_CPUS = 0.5  # the trial's own process mostly waits on its actors
 TRIAL_TAG = "aa_ray.trial_id"
+TRIAL_LOG = "trial.log"  # in the trial's run folder (beside spec.yaml and checkpoints/): what the trial printed
+
+
+@contextmanager
+def output_to_log(path: Path) -> Iterator[None]:
+    """Everything this trial prints (its progress lines, warnings, a resume's notice) goes to its
+    own log file rather than the sweep's console; a retried trial appends to it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", buffering=1) as log, redirect_stdout(log), redirect_stderr(log):
+        yield
 
 
 def trial_bundles(spec: ExperimentSpec) -> list[dict[str, float]]:
@@ -93,11 +104,11 @@ def train_trial(config: dict[str, Any], on_finished: Callable[[dict[str, float]]
 def rollout_trial(config: dict[str, Any]) -> None:
     """Record a dataset (`aa_ray.data.rollout`: Parquet, or Minari with `format: minari`) inside a
     Tune trial; the MLflow child run holds its summary and lists the dataset as its input
-    (`aa_ray.tracking.datasets`). Reports the summary once."""
+    (`aa_ray.data.mlflow_inputs`). Reports the summary once."""
     from mlflow.tracking import MlflowClient
 
+    from aa_ray.data.mlflow_inputs import track_rollout
     from aa_ray.data.rollout import rollout
-    from aa_ray.tracking.datasets import track_rollout
 
     context = tune.get_context()
     spec = validate_spec(config["spec"], source=f"trial {context.get_trial_name()}")
