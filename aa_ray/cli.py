@@ -296,9 +296,9 @@ def _policy_command(args: argparse.Namespace) -> int:
 def _prior_data_note(spec: ExperimentSpec, obs_dim: int, act_dim: int) -> str:
     """`validate`'s line on the RLPD dataset. A dataset that does not exist yet is fine here (the
     shipped specs validate before anyone made one); one that does not fit the env is a DatasetError."""
-    from aa_ray.data.dataset import read_dataset
+    from aa_ray.data import minari_format, read_dataset
 
-    path = Path(spec.prior_data).expanduser()
+    path = minari_format.resolve(spec.prior_data) or Path(spec.prior_data).expanduser()  # an id: its folder
     if not path.exists():
         return f"{path} does not exist yet (`aa-ray run` needs it; make it with `aa-ray rollout`)"
     dataset = read_dataset(path, expect_env_id=spec.env.id, expect_obs_dim=obs_dim, expect_act_dim=act_dim)
@@ -353,10 +353,10 @@ def _rollout(spec: ExperimentSpec, args: argparse.Namespace) -> int:
 
 
 def _track_rollout(spec: ExperimentSpec, args: argparse.Namespace, summary: dict) -> str:
-    """The rollout as an MLflow run (`aa_ray.tracking.datasets.track_rollout`); its page's link."""
+    """The rollout as an MLflow run (`aa_ray.data.mlflow_inputs.track_rollout`); its page's link."""
     from mlflow import MlflowClient
 
-    from aa_ray.tracking.datasets import track_rollout
+    from aa_ray.data.mlflow_inputs import track_rollout
     from aa_ray.tracking.mlflow_tracker import retry_locked, run_link, store_uri
 
     client = MlflowClient(tracking_uri=store_uri())

@@ -25,7 +25,8 @@ from test_datasets import fake_transitions, pusher_meta, rlpd_overrides
 
 from aa_ray.api import Experiment, ExportError, load_policy
 from aa_ray.data import dataset as ds
-from aa_ray.data.dataset import DatasetError, read_dataset, write_dataset
+from aa_ray.data.dataset import DatasetError, write_dataset
+from aa_ray.data.sources import read_dataset
 from aa_ray.runtime.checkpoint import REPLAY_FILE, STATE_FILE, CheckpointError
 from aa_ray.runtime.trainer import Trainer
 from aa_ray.spec.loader import load_spec

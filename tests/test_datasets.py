@@ -17,8 +17,9 @@ import torch
 
 from aa_ray import cli
 from aa_ray.data import dataset as ds
-from aa_ray.data.dataset import DatasetError, DatasetMeta, read_dataset, write_dataset
+from aa_ray.data.dataset import DatasetError, DatasetMeta, write_dataset
 from aa_ray.data.rollout import policy_from_checkpoint, rollout
+from aa_ray.data.sources import read_dataset
 from aa_ray.records import Transitions
 from aa_ray.runtime.checkpoint import save_checkpoint
 from aa_ray.runtime.env_runner import EnvRunner

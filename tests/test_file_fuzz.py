@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from aa_ray.algos.contract import TrainingSetup
 from aa_ray.algos.registry import build_algorithm
 from aa_ray.data import dataset as ds
-from aa_ray.data.dataset import DatasetError, DatasetMeta, read_dataset, write_dataset
+from aa_ray.data.dataset import DatasetError, DatasetMeta, write_dataset
+from aa_ray.data.sources import read_dataset
 from aa_ray.records import Transitions
 from aa_ray.runtime.checkpoint import (
     REPLAY_FILE,

@@ -191,7 +191,10 @@ class C51Support(SpecModel):
 class RLPDKnobs(SpecModel):
     """RLPD (Ball et al. 2023): a prior dataset mixed into every batch; its rows come first."""
 
-    prior_data: str | None = Field(None, description="RLPD: a transition dataset (Parquet) to mix in")
+    prior_data: str | None = Field(
+        None, description="RLPD: a transition dataset to mix in: a Parquet file or folder, a Minari dataset "
+        "folder, or a Minari dataset id under MINARI_DATASETS_PATH",
+    )
     prior_data_ratio: float = Field(0.5, ge=0, lt=1, description="RLPD: share of each batch from prior_data")
 
 

@@ -1,4 +1,4 @@
-"""Transition datasets (Parquet, RLlib's offline column names) and the rollouts that write them.
+"""Transition datasets (Parquet with RLlib's offline column names, or Minari) and the rollouts that write them.
 
 `aa_ray.data.rollout` (the `aa-ray rollout` driver) imports Ray; this package itself does not.
 """
@@ -11,9 +11,9 @@ from aa_ray.data.dataset import (
     DatasetMeta,
     DatasetWriter,
     TransitionDataset,
-    read_dataset,
     write_dataset,
 )
+from aa_ray.data.sources import read_dataset
 
 __all__ = [
     "COLUMNS",

@@ -52,11 +52,10 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from aa_ray.data.value_checks import ACTION_RANGE, first_bad_value
-from aa_ray.nets.policy import ObsDims
 from aa_ray.records import Transitions
 
 if TYPE_CHECKING:
-    from aa_ray.data.minari_format import MinariTransitions
+    pass
 
 FORMAT = "aa-ray transitions"
 FORMAT_VERSION = 1
@@ -425,65 +424,36 @@ def _batch_to_numpy(batch: pa.RecordBatch, meta: DatasetMeta) -> dict[str, np.nd
     return out
 
 
-def checked_prior_data(spec: Any, obs: ObsDims | int, act_dim: int) -> Path | None:
-    """`algo.prior_data`'s dataset, checked against the env and its values read once (no NaN,
-    infinity or action outside the action space): a Parquet file or folder (relative to the cwd), or a
-    Minari dataset (its folder, or its id under MINARI_DATASETS_PATH), whose spaces must be the env's.
-    Returns the dataset's resolved path (a Minari id resolved to its folder, so every process reads
-    the same one)."""
-    from aa_ray.data import minari_format
+def dataset_meta(spec: Any, producer: str) -> DatasetMeta:
+    """The metadata of a dataset recorded on the spec's env (its spaces, kwargs and observation groups)
+    by `producer` (a checkpoint, a scripted controller)."""
+    from aa_ray.envs import make_vector_env, vector_obs_dims
 
-    if spec.prior_data is None:
-        return None
-    obs = ObsDims.of(obs)
-    minari_path = minari_format.resolve(spec.prior_data)
-    path = minari_path or Path(spec.prior_data).expanduser().resolve()
-    if not path.exists():
-        raise DatasetError(
-            f"algo.prior_data: dataset {spec.prior_data!r} not found: no Parquet file or folder at {path}"
-            f"{minari_format.missing_hint(str(spec.prior_data))}; make it with `aa-ray rollout`."
-        )
+    envs = make_vector_env(spec, 1)
     try:
-        dataset = read_dataset(path, expect_env_id=spec.env.id, expect_obs_dim=obs.full, expect_act_dim=act_dim)
-        if isinstance(dataset, minari_format.MinariTransitions):
-            if obs.groups:
-                raise DatasetError(f"{dataset.describe()}: this run reads grouped observations "
-                                   f"({', '.join(key for key, _ in obs.groups)}); Minari prior data must be flat.")
-            env = _env_meta(spec)
-            dataset.check_spaces(spec.env.id, env.observation_space, env.action_space)
-        dataset.check_values()
-    except DatasetError as err:
-        raise DatasetError(f"algo.prior_data: {err}") from None
-    if dataset.meta.obs_groups != obs.groups:
-        raise DatasetError(
-            f"algo.prior_data: dataset {path} holds observation keys {list(dataset.meta.obs_groups) or 'none'}, "
-            f"but this run reads {list(obs.groups) or 'a flat observation'} (algo.actor_obs / algo.critic_obs)."
+        return DatasetMeta.for_env(
+            spec.env.id,
+            envs.single_observation_space,
+            envs.single_action_space,
+            producer,
+            env_kwargs=dict(spec.env.kwargs),
+            obs_groups=vector_obs_dims(envs).groups,
         )
-    return path
+    finally:
+        envs.close()
 
 
-def _env_meta(spec: Any) -> DatasetMeta:
-    """What a dataset recorded on the spec's env would say about its spaces."""
-    from aa_ray.data.rollout import dataset_meta
-
-    return dataset_meta(spec, producer="")
-
-
-def read_dataset(
+def read_parquet(
     path: str | Path,
     expect_env_id: str | None = None,
     expect_obs_dim: int | None = None,
     expect_act_dim: int | None = None,
-) -> TransitionDataset | MinariTransitions:
-    """Open and validate a dataset (reading only file footers). Raises DatasetError naming the
-    file and the mismatch when it is not a dataset, lacks columns, or was recorded on another env
-    or with other observation/action dimensions than expected. A Minari dataset folder is opened
-    with `minari` (`aa_ray.data.minari_format`) and read through the same interface."""
-    from aa_ray.data import minari_format  # imports this module
-
+) -> TransitionDataset:
+    """Open and validate a Parquet dataset, a file or a folder of them (reading only file footers).
+    Raises DatasetError naming the file and the mismatch when it is not a dataset, lacks columns, or
+    was recorded on another env or with other observation/action dimensions than expected. (Any
+    format: `aa_ray.data.sources.read_dataset`.)"""
     path = Path(path)
-    if minari_format.is_minari_folder(path):
-        return minari_format.read_minari(path, expect_env_id, expect_obs_dim, expect_act_dim)
     files = _data_files(path)
     metas, num_rows = [], 0
     for file in files:

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from aa_ray.data import dataset as ds
+import aa_ray.data.dataset as ds
 from aa_ray.data.value_checks import ACTION_RANGE, first_bad_value
 
 if TYPE_CHECKING:

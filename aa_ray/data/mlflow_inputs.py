@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from aa_ray.data import dataset as ds
+import aa_ray.data.dataset as ds
 from aa_ray.data.minari_format import MinariTransitions
+from aa_ray.data.sources import read_dataset
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -75,7 +76,7 @@ def mlflow_dataset(path: str | Path) -> MetaDataset:
     from mlflow.data.meta_dataset import MetaDataset
 
     path = Path(path).resolve()
-    dataset = ds.read_dataset(path)
+    dataset = read_dataset(path)
     name = dataset.name if isinstance(dataset, MinariTransitions) else path.name
     with warnings.catch_warnings():
         # a local path matches MLflow's local artifact source twice over (file:// and no scheme)

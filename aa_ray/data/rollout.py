@@ -19,7 +19,7 @@ from typing import Any, Literal
 import numpy as np
 
 from aa_ray.data import minari_format
-from aa_ray.data.dataset import DatasetMeta, DatasetWriter
+from aa_ray.data.dataset import DatasetMeta, DatasetWriter, dataset_meta
 from aa_ray.data.scripted import scripted_controllers
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import spec_to_dict, validate_spec
@@ -71,23 +71,6 @@ def check_scripted(spec: ExperimentSpec) -> None:
             f"env {spec.env.id!r} has no scripted controller (envs with one: {', '.join(scripted_controllers())}); "
             "use --checkpoint to roll out a trained policy."
         )
-
-
-def dataset_meta(spec: ExperimentSpec, producer: str) -> DatasetMeta:
-    from aa_ray.envs import make_vector_env, vector_obs_dims
-
-    envs = make_vector_env(spec, 1)
-    try:
-        return DatasetMeta.for_env(
-            spec.env.id,
-            envs.single_observation_space,
-            envs.single_action_space,
-            producer,
-            env_kwargs=dict(spec.env.kwargs),
-            obs_groups=vector_obs_dims(envs).groups,
-        )
-    finally:
-        envs.close()
 
 
 def default_dataset_id(spec: ExperimentSpec, scripted: bool) -> str:

@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+import aa_ray.data.dataset as ds
 from aa_ray import seeding
 from aa_ray.algos.training import prior_rows  # the one definition, shared with the algorithms' diagnostics
-from aa_ray.data import dataset as ds
+from aa_ray.data.sources import read_dataset
 from aa_ray.records import PackedTransitions, ReplaySample, SampleTiming, Transitions
 from aa_ray.runtime.metrics import RunMetrics
 
@@ -119,7 +120,7 @@ class ReplayBuffer:
         """Load a transition dataset (validated against env_id and this buffer's dims) into the prior
         buffer, streaming it batch by batch. Its 1-step rows get discount = gamma. Returns the row
         count and the moments of its observations (for the observation normalizer)."""
-        dataset = ds.read_dataset(path, expect_env_id=env_id, expect_obs_dim=self.obs_dim, expect_act_dim=self.act_dim)
+        dataset = read_dataset(path, expect_env_id=env_id, expect_obs_dim=self.obs_dim, expect_act_dim=self.act_dim)
         # the prior buffer is drawn from with this buffer's generator (see `sample`), never its own
         self.prior = ReplayBuffer(dataset.num_rows, self.obs_dim, self.act_dim, seed=self.seed)
         self.prior_ratio = ratio

@@ -47,7 +47,8 @@ from typing import TYPE_CHECKING, Any
 
 from aa_ray import metric_names as m
 from aa_ray.algos.contract import TrainingSetup
-from aa_ray.data.dataset import checked_prior_data
+from aa_ray.data.mlflow_inputs import log_prior_data
+from aa_ray.data.sources import checked_prior_data
 from aa_ray.envs import env_dims
 from aa_ray.envs.symmetry import sym_aug_mirror
 from aa_ray.nets.policy import ObsDims
@@ -70,7 +71,6 @@ from aa_ray.runtime.run_record import RunRecord
 from aa_ray.runtime.stop_signals import StopSignals
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import spec_hash
-from aa_ray.tracking.datasets import log_prior_data
 
 if TYPE_CHECKING:
     from aa_ray.tracking.mlflow_tracker import RunContext
