@@ -121,7 +121,8 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--metric", default=metric_names.EVAL_RETURN, help=f"the curve's metric (default {metric_names.EVAL_RETURN})"
     )
-    report.add_argument("--threshold", type=float, help="also report env steps until the metric reaches this")
+    report.add_argument("--threshold", type=float, help="also report env steps and minutes until the metric reaches "
+                        "this; a suite's X of minutes to reach X (default: its SB3 runs' median at their budget)")
     report.add_argument("--mode", choices=["max", "min"], default="max",
                         help="min: lower is better (e.g. a task metric that is an error)")
     report.add_argument("--out", help="output folder (default reports/<time>)")
@@ -381,9 +382,10 @@ def _report(args: argparse.Namespace) -> int:
                              run_ids=args.runs, threshold=args.threshold, mode=args.mode)
     except (ReportError, MlflowException) as err:
         return _fail(str(err).splitlines()[0])
-    for row in [*result["rows"], *result.get("iqm", [])]:
+    for row in [*result["rows"], *result.get("minutes", []), *result.get("iqm", [])]:
         print("  ".join(f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
                         for key, value in row.items()))
+    print(result["machine"])
     print(f"report: {result['html']} and {result['png']}" + (f" (also logged to run {args.parent})"
                                                               if args.parent else ""))
     return 0

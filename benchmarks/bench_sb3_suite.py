@@ -9,6 +9,11 @@ step per env step, temperature learned from 1.0 toward -|A|. Evaluation as the s
 every `eval.every_env_steps`, `eval.episodes` deterministic episodes, each on a fresh env reset with
 aa-ray's eval seeds for that seed (`aa_ray.seeding.eval_env_seeds`), so both face the same starts.
 
+Wall-clock time is recorded as aa-ray's runs record it, so the report's time axis and its "minutes
+to reach X" column treat both alike: each evaluation is logged when it has finished, `env/steps`
+every few seconds while training (so a resumed run's stopped time, from its last logged point to
+its `run/resumed_at` marker, is left out), and the run's tags name the CPU and host it ran on.
+
 A run that finished is not run again (its child run is FINISHED); `--jobs 2` runs two at once. A run
 saves its model, optimizers and replay buffer every `checkpoint.every_env_steps` under the suite's
 folder (`sb3/<run>/`), and an interrupted one resumes from there into the same child run. (Not
@@ -35,6 +40,7 @@ import numpy as np
 
 from aa_ray import metric_names as m
 from aa_ray import seeding
+from aa_ray.tracking.machine import machine_tags
 from aa_ray.tracking.mlflow_tracker import PARENT_TAG, log_in_batches, retry_locked, start_run
 from aa_ray.tracking.suite_report import ENV_TAG, LABEL_TAG
 from aa_ray.tune.specs import cell_name, load_suite
@@ -42,6 +48,7 @@ from aa_ray.tune.suite import SEED_TAG, open_parent, suite_root
 
 LABEL = "sb3_sac"
 CONTENDER_TAG = "aa_ray.contender_cell"  # not the suite's own cell tag: the suite must not supersede these
+HEARTBEAT_S = 5.0  # env/steps this often, as aa-ray's driver logs it: the last sign of life before a stop
 
 
 def sb3_settings(spec: Any) -> dict[str, Any]:
@@ -117,7 +124,6 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
     else:
         run_id = state["run_id"]
         print(f"{job['cell']}: resuming from {state['env_steps']:,} env steps", flush=True)
-        client.log_metric(run_id, m.RUN_RESUMED_AT, state["env_steps"], step=state["env_steps"])  # as aa-ray's resumes
     every, episodes, budget, save_every = job["eval_every"], job["episodes"], job["env_steps"], job["checkpoint_every"]
     started = time.perf_counter()
 
@@ -127,6 +133,7 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
             self.next_eval = (done_steps // every + 1) * every
             self.next_save = (done_steps // save_every + 1) * save_every
             self.phase_start: tuple[float, int] | None = None
+            self.next_heartbeat = time.monotonic() + HEARTBEAT_S
 
         def _on_step(self) -> bool:
             steps = self.num_timesteps
@@ -138,6 +145,9 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
             if steps >= self.next_save and steps < budget:
                 self.next_save += save_every
                 save_checkpoint(self.model, folder, run_id)
+            if time.monotonic() >= self.next_heartbeat:
+                self.next_heartbeat = time.monotonic() + HEARTBEAT_S
+                retry_locked(lambda: client.log_metric(run_id, m.ENV_STEPS, steps, step=steps))
             return True
 
         def _on_training_end(self) -> None:  # aa-ray also evaluates once more at the end of the budget
@@ -145,9 +155,10 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
                 self.log_evaluation()
 
         def log_evaluation(self) -> None:
-            steps, now = self.num_timesteps, int(time.time() * 1000)
+            steps = self.num_timesteps
             value = evaluate(self.model, job["env"], job["seed"], episodes)
-            metrics = [Metric(m.EVAL_RETURN, value, now, steps)]
+            now = int(time.time() * 1000)  # when the return is known, as aa-ray's evaluations are logged
+            metrics = [Metric(m.EVAL_RETURN, value, now, steps), Metric(m.ENV_STEPS, steps, now, steps)]
             if self.phase_start is not None and steps > self.phase_start[1]:
                 rate = (steps - self.phase_start[1]) / (time.perf_counter() - self.phase_start[0])
                 metrics.append(Metric(m.ENV_STEPS_PER_S, rate, now, steps))
@@ -160,6 +171,8 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
     else:
         model = SAC.load(folder / "model.zip", env=env, device="cpu")
         model.load_replay_buffer(folder / "replay.pkl")
+        # as aa-ray's resumes: at the checkpoint's step, once restored (restoring is stopped time in both)
+        retry_locked(lambda: client.log_metric(run_id, m.RUN_RESUMED_AT, state["env_steps"], step=state["env_steps"]))
     done_steps = model.num_timesteps
     model.learn(budget - done_steps, callback=Evaluations(done_steps), reset_num_timesteps=state is None)
     retry_locked(lambda: client.set_terminated(run_id))
@@ -205,8 +218,9 @@ def main() -> None:
                 retry_locked(lambda run_id=child.info.run_id: parent.client.delete_run(run_id))
         resume = saved is not None and any(child.info.run_id == saved["run_id"] for child in children)
         settings = sb3_settings(spec)
-        tags = {**parent.tags, PARENT_TAG: parent.run_id, "mlflow.runName": f"{suite.spec.name}:{name}",
-                LABEL_TAG: LABEL, ENV_TAG: cell["env"], SEED_TAG: str(cell["seed"]), CONTENDER_TAG: name}
+        tags = {**parent.tags, **machine_tags(), PARENT_TAG: parent.run_id,
+                "mlflow.runName": f"{suite.spec.name}:{name}", LABEL_TAG: LABEL, ENV_TAG: cell["env"],
+                SEED_TAG: str(cell["seed"]), CONTENDER_TAG: name}
         params = {**{k: str(v) for k, v in flatten(spec.model_dump(mode="json")).items()},
                   "algo.name": "sac", "contender": f"stable-baselines3 {stable_baselines3.__version__}",
                   "sb3.settings": json.dumps(settings)}

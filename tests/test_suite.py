@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from html import escape
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +23,12 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from aa_ray import cli
-from aa_ray.spec.loader import SpecError
-from aa_ray.tracking.curves import load_curve
+from aa_ray.spec.loader import SpecError, load_spec
+from aa_ray.tracking.curves import NOT_REACHED, load_curve
+from aa_ray.tracking.machine import CPU_COUNT_TAG, CPU_TAG, HOST_TAG, machine_tags
+from aa_ray.tracking.mlflow_tracker import PARENT_TAG, MlflowTracker
 from aa_ray.tracking.report import make_report
+from aa_ray.tracking.suite_report import ENV_TAG, LABEL_TAG
 from aa_ray.tune.specs import load_suite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,7 +147,7 @@ def test_suite_killed_and_resumed_then_reported(tmp_path: Path) -> None:
     assert set(summary["curves"]) == {PENDULUM, PUSHER}
     assert report["png"].stat().st_size > 10_000
     logged = {a.path for a in client.list_artifacts(parent_id, "report")}
-    assert logged == {"report/report.png", "report/report.html", "report/summary.json"}
+    assert logged == {"report/report.png", "report/report_time.png", "report/report.html", "report/summary.json"}
 
 
 def test_a_resumed_runs_curve_is_its_newest_attempt() -> None:
@@ -189,3 +193,111 @@ def test_only_names_a_label_or_env_of_the_suite(tmp_path: Path, capsys: pytest.C
     assert cli.main(["suite", str(suite_file), "--only", "Walker2d-v5"]) == 2
     assert "--only Walker2d-v5: not a spec label or env id of the suite (labels sac;" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+# wall-clock: runs logged with controlled timestamps, in minutes from an arbitrary moment
+T0_MS = 1_700_000_000_000
+MACHINE = {CPU_TAG: "Test CPU 9000", CPU_COUNT_TAG: "2", HOST_TAG: "box"}
+
+
+def at(minute: float) -> int:
+    return T0_MS + round(minute * 60_000)
+
+
+def logged_run(client: MlflowClient, experiment_id: str, start: float, end: float,
+               evals: list[tuple[float, int, float]], resumes: list[tuple[float, int]] = (),
+               alive: list[float] = (), tags: dict[str, str] | None = None,
+               params: dict[str, str] | None = None) -> str:
+    """A run from minute `start` to `end`: eval/return (minute, env steps, value) with env/steps beside
+    each, env/steps alone at the `alive` minutes, run/resumed_at (minute, env steps) markers."""
+    run_id = client.create_run(experiment_id, start_time=at(start), tags={**MACHINE, **(tags or {})}).info.run_id
+    for key, value in (params or {}).items():
+        client.log_param(run_id, key, value)
+    for minute, step, value in evals:
+        client.log_metric(run_id, "eval/return", value, timestamp=at(minute), step=step)
+        client.log_metric(run_id, "env/steps", step, timestamp=at(minute), step=step)
+    for minute in alive:
+        client.log_metric(run_id, "env/steps", 0, timestamp=at(minute), step=0)
+    for minute, step in resumes:
+        client.log_metric(run_id, "run/resumed_at", step, timestamp=at(minute), step=step)
+    client.set_terminated(run_id, "FINISHED", end_time=at(end))
+    return run_id
+
+
+def test_the_time_axis_is_each_runs_own_time_without_its_stops(tmp_path: Path) -> None:
+    """Run A evaluates at minutes 1 and 3, is killed (its checkpoint at 200 env steps), stays stopped an
+    hour, resumes at minute 63 and reaches -200 at minute 65: 5 minutes of its own time. Run B ran
+    during A's stop (so never beside it) from minute 10, and never reaches -200."""
+    client = MlflowClient()
+    experiment_id = client.create_experiment("aa-ray")
+    run_a = logged_run(client, experiment_id, 0, 65.5, [(1, 100, -900.0), (3, 300, -500.0), (64, 300, -400.0),
+                                                       (65, 400, -150.0)], resumes=[(63, 200)],
+                       params={"algo.utd_ratio": "1"})
+    run_b = logged_run(client, experiment_id, 10, 20, [(12, 100, -800.0), (19, 400, -600.0)],
+                       params={"algo.utd_ratio": "2"})
+    curve = load_curve(client, client.get_run(run_a), "eval/return")
+    assert curve.steps.tolist() == [100, 300, 400]
+    assert curve.minutes.tolist() == pytest.approx([1.0, 4.0, 5.0])  # the hour stopped is left out
+    assert curve.running == [(at(0), at(3)), (at(63), at(65.5))]
+
+    result = make_report(tmp_path / "report", run_ids=[run_a, run_b], threshold=-200.0)
+    rows = {row["group"]: row for row in result["rows"]}
+    assert rows["algo.utd_ratio=1"]["minutes_to_threshold"] == pytest.approx(5.0)
+    assert rows["algo.utd_ratio=2"]["minutes_to_threshold"] == NOT_REACHED
+    assert rows["algo.utd_ratio=1"]["runs_at_once"] == rows["algo.utd_ratio=2"]["runs_at_once"] == 1
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert summary["curves"]["algo.utd_ratio=1"]["minutes"]["x"][-1] == pytest.approx(5.0)
+    assert summary["curves"]["algo.utd_ratio=2"]["minutes"]["x"][-1] == pytest.approx(9.0)  # from B's own start
+    cpu_line = "CPU: Test CPU 9000 (2 CPUs): 2 runs. Runs at once on one machine: up to 1"
+    assert summary["machine"].startswith(cpu_line)
+    assert cpu_line in (tmp_path / "report" / "report.html").read_text()
+
+
+def test_a_tracked_run_records_its_machine() -> None:
+    tracker = MlflowTracker(load_spec(ROOT / "specs" / "sac.yaml"))
+    tracker.finish()
+    tags = MlflowClient().get_run(tracker.run_id).data.tags
+    recorded = {key: tags.get(key) for key in (CPU_TAG, CPU_COUNT_TAG, HOST_TAG)}
+    assert recorded == machine_tags() and recorded[CPU_TAG] not in ("", "unknown")
+
+
+def test_suite_minutes_to_reach_the_sb3_median(tmp_path: Path) -> None:
+    """X = SB3's median at its budget: median(-300, -200, -100) = -200. SB3's seeds reach it at 10, 10
+    and never (median 10), two of them at once then one. sac's three at once reach it at 2 minutes,
+    at 3.5 of its own minutes (1.5 before a 30-minute stop, 2 after), and never: median 3.5. slow's
+    one at a time: 4, never, never: not reached."""
+    client = MlflowClient()
+    experiment_id = client.create_experiment("aa-ray")
+    parent = client.create_run(experiment_id, tags={"aa_ray.kind": "suite"}).info.run_id
+    env = PENDULUM
+
+    def child(label: str, start: float, end: float, evals: list, params: dict | None = None, **more: list) -> None:
+        tags = {PARENT_TAG: parent, LABEL_TAG: label, ENV_TAG: env}
+        logged_run(client, experiment_id, start, end, evals, tags=tags, params={"algo.name": "sac", **(params or {})},
+                   **more)
+
+    sb3 = {"contender": "stable-baselines3 2.7.0"}
+    child("sb3_sac", 0, 10, [(5, 500, -600.0), (10, 1000, -300.0)], sb3)
+    child("sb3_sac", 0, 10, [(5, 500, -400.0), (10, 1000, -200.0)], sb3)
+    child("sb3_sac", 10, 20, [(15, 500, -250.0), (20, 1000, -100.0)], sb3)
+    child("sac", 20, 24, [(22, 500, -150.0), (24, 1000, -100.0)])
+    child("sac", 20, 54, [(21, 500, -500.0), (53.5, 1000, -180.0)], alive=[21.5], resumes=[(51.5, 500)])
+    child("sac", 20, 24, [(22, 500, -700.0), (24, 1000, -400.0)])
+    for start, values in [(100, (-300.0, -190.0)), (105, (-900.0, -800.0)), (110, (-900.0, -700.0))]:
+        child("slow", start, start + 5, [(start + 2, 500, values[0]), (start + 4, 1000, values[1])])
+
+    result = make_report(tmp_path / "report", parent=parent)
+    rows = {row["label"]: row for row in result["minutes"]}
+    assert {label: (row["minutes_to_reach_X"], row["reached"], row["runs_at_once"]) for label, row in rows.items()} \
+        == {"sac": (pytest.approx(3.5), "2/3", 3), "sb3_sac": (pytest.approx(10.0), "2/3", 2),
+            "slow": (NOT_REACHED, "1/3", 1)}
+    assert {(row["X"], row["X_is"]) for row in rows.values()} == {(-200.0, "sb3_sac median at 1,000 env steps")}
+    assert result["machine"].startswith("CPU: Test CPU 9000 (2 CPUs): 9 runs. Runs at once on one machine: up to 3")
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert "Minutes to reach X" in page and escape(result["machine"]) in page and page.count("data:image/png") == 2
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert summary["curves_by_minutes"][env]["sac"]["x"][-1] == pytest.approx(4.0)  # s0 and s2 end at 4; s1 at 3.5
+
+    given = make_report(tmp_path / "given", parent=parent, threshold=-500.0)  # X given: sac at 2, 1 and 4
+    assert {row["label"]: row["minutes_to_reach_X"] for row in given["minutes"]}["sac"] == pytest.approx(2.0)
+    assert {row["X_is"] for row in given["minutes"]} == {"--threshold"}

@@ -35,6 +35,7 @@ from aa_ray.errors import UserError
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import flatten, spec_hash, spec_to_dict
 from aa_ray.tracking.credentials import scrub_uris, scrubbed, without_credentials
+from aa_ray.tracking.machine import machine_tags
 from aa_ray.tracking.outbox import FINISH_WAIT_S, FLUSH_WAIT_S, MAX_BATCH, Notice, Outbox, store_answers
 
 if TYPE_CHECKING:  # the model module brings torch and the envs: imported when a run logs a model
@@ -245,6 +246,7 @@ class MlflowTracker:
             "algo": spec.algo.name,
             "env": spec.env.id,
             "spec_hash": spec_hash(spec),
+            **machine_tags(),  # reports say on which CPU its wall-clock times were measured
             "mlflow.runName": context.run_name or f"{spec.name}-{spec_hash(spec)[:6]}",
             **context.tags,
         }

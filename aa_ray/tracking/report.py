@@ -1,7 +1,8 @@
 """`aa-ray report`: compare runs from the MLflow store. Learning curves (an eval metric against env
-steps and against wall-clock time) with the seeds of each configuration aggregated (median line,
-min-max band), as a PNG and a self-contained HTML page, and a summary table (final value, env
-steps to a threshold, throughput).
+steps and against each run's own wall-clock minutes, see `curves.py`) with the seeds of each
+configuration aggregated (median line, min-max band), as a PNG and a self-contained HTML page, and
+a summary table (final value, env steps and minutes to a threshold, throughput, runs that shared
+the machine), with the CPU the runs ran on.
 
 Runs are grouped by their params with the seed left out, so runs that differ only in seed are
 one curve; a group is labelled by the params that differ between groups.
@@ -22,7 +23,18 @@ from mlflow.tracking import MlflowClient
 
 from aa_ray import metric_names
 from aa_ray.tracking.credentials import without_credentials
-from aa_ray.tracking.curves import Curve, ReportError, aggregate, load_curve, write_html
+from aa_ray.tracking.curves import (
+    NOT_REACHED,
+    Curve,
+    ReportError,
+    aggregate,
+    first_reached,
+    load_curve,
+    machine_note,
+    median_reached,
+    runs_at_once,
+    write_html,
+)
 from aa_ray.tracking.mlflow_tracker import PARENT_TAG, resolved_tracking_uri, search_all_runs
 from aa_ray.tracking.suite_report import make_suite_report
 
@@ -65,12 +77,8 @@ def group_runs(runs: list[Run]) -> list[Group]:
     return list(groups.values())
 
 
-def steps_to(curve: Curve, threshold: float, mode: str) -> float | None:
-    reached = curve.values >= threshold if mode == "max" else curve.values <= threshold
-    return float(curve.steps[np.argmax(reached)]) if reached.any() else None
-
-
-def summary_rows(client: MlflowClient, groups: list[Group], threshold: float | None, mode: str) -> list[dict]:
+def summary_rows(client: MlflowClient, groups: list[Group], threshold: float | None, mode: str,
+                 at_once: dict[str, int]) -> list[dict]:
     rows = []
     for group in groups:
         finals = [c.values[-1] for c in group.curves]
@@ -79,9 +87,11 @@ def summary_rows(client: MlflowClient, groups: list[Group], threshold: float | N
             "final_min": float(np.min(finals)), "final_max": float(np.max(finals)),
         }
         if threshold is not None:
-            steps = [steps_to(c, threshold, mode) for c in group.curves]
+            steps = [first_reached(c.steps, c.values, threshold, mode) for c in group.curves]
             solved = [s for s in steps if s is not None]
             row["steps_to_threshold"] = float(np.median(solved)) if solved else None
+            minutes = median_reached([first_reached(c.minutes, c.values, threshold, mode) for c in group.curves])
+            row["minutes_to_threshold"] = NOT_REACHED if minutes is None else minutes
             row["reached"] = f"{len(solved)}/{len(steps)}"
         rates = []
         for run in group.runs:
@@ -89,6 +99,7 @@ def summary_rows(client: MlflowClient, groups: list[Group], threshold: float | N
             if history:
                 rates.append(float(np.mean([m.value for m in history])))
         row["env_steps_per_s"] = float(np.median(rates)) if rates else None
+        row["runs_at_once"] = max(at_once[c.run_id] for c in group.curves)
         rows.append(row)
     return rows
 
@@ -101,11 +112,11 @@ def plot(data: dict[str, dict], metric: str, path: Path) -> bytes:
 
     figure, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     for label, curves in data.items():
-        for ax, axis in zip(axes, ("env_steps", "wall_clock_s"), strict=True):
+        for ax, axis in zip(axes, ("env_steps", "minutes"), strict=True):
             c = curves[axis]
             (line,) = ax.plot(c["x"], c["median"], label=label)
             ax.fill_between(c["x"], c["low"], c["high"], color=line.get_color(), alpha=0.2)
-    for ax, xlabel in zip(axes, ("env steps", "wall-clock seconds"), strict=True):
+    for ax, xlabel in zip(axes, ("env steps", "minutes since the run started (stops left out)"), strict=True):
         ax.set_xlabel(xlabel)
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
@@ -128,7 +139,7 @@ def make_report(
     artifacts of that (sweep or pipeline) run. Returns the paths and the summary rows."""
     client = MlflowClient(tracking_uri=tracking_uri or resolved_tracking_uri())
     if parent and client.get_run(parent).data.tags.get("aa_ray.kind") == "suite":
-        return make_suite_report(client, out, parent, metric)
+        return make_suite_report(client, out, parent, metric, threshold)
     runs = select_runs(client, experiment, parent, run_ids or [])
     if not runs:
         raise ReportError("no runs matched (check --experiment, --parent or --runs)")
@@ -139,14 +150,18 @@ def make_report(
     if not groups:
         raise ReportError(f"none of the {len(runs)} runs logged {metric!r}")
     data = {g.label: {"runs": [c.run_id for c in g.curves], "env_steps": aggregate(g.curves, "steps"),
-                      "wall_clock_s": aggregate(g.curves, "seconds")} for g in groups}
-    rows = summary_rows(client, groups, threshold, mode)
+                      "minutes": aggregate(g.curves, "minutes")} for g in groups}
+    at_once = runs_at_once(runs, [c for g in groups for c in g.curves])
+    rows = summary_rows(client, groups, threshold, mode, at_once)
+    machine = machine_note([run for g in groups for run in g.runs], at_once)
     out.mkdir(parents=True, exist_ok=True)
     png = plot(data, metric, out / "report.png")
     title = f"aa-ray report: {metric} ({datetime.now():%Y-%m-%d %H:%M})"
-    write_html(out / "report.html", title, png, {"Summary": rows}, data, runs)
-    (out / "summary.json").write_text(json.dumps({"metric": metric, "rows": rows, "curves": data}, indent=1))
+    write_html(out / "report.html", title, [png], {"Summary": rows}, data, runs, [machine])
+    (out / "summary.json").write_text(json.dumps({"metric": metric, "rows": rows, "curves": data,
+                                                  "machine": machine}, indent=1))
     if parent:
         for name in ("report.png", "report.html", "summary.json"):
             client.log_artifact(parent, str(out / name), "report")
-    return {"png": out / "report.png", "html": out / "report.html", "rows": rows, "groups": len(groups)}
+    return {"png": out / "report.png", "html": out / "report.html", "rows": rows, "groups": len(groups),
+            "machine": machine}

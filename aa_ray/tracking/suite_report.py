@@ -2,9 +2,14 @@
 
 - One panel per env: the median and min-max band over seeds of each spec label (and of any other
   contender logged under the suite, e.g. `benchmarks/bench_sb3_suite.py`'s SB3 runs) against env
-  steps, with the published returns of the same algorithms drawn as markers at their step counts.
+  steps, with the published returns of the same algorithms drawn as markers at their step counts;
+  and the same curves against each run's own wall-clock minutes (`curves.py`).
 - A table of ours vs published at equal steps (ours: the median over seeds of each seed's curve
   read at that step; only steps every seed reached).
+- Minutes to reach X per env and label: the median over seeds of the minutes until an evaluation
+  first reached X (a seed that never did counts as later than any that did), X being `--threshold`
+  when given, else the SB3 contender's median return at the env steps all its seeds reached (its
+  budget, once finished). With the CPU the runs ran on and how many ran at once.
 - Across envs, as the field now aggregates: the interquartile mean of normalized scores,
   (return - random) / (reference - random), at the env steps every run reached, with 95%
   stratified-bootstrap confidence intervals (`rliable`).
@@ -25,7 +30,18 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from aa_ray.spec.yaml_files import read_yaml_file
-from aa_ray.tracking.curves import Curve, ReportError, aggregate, load_curve, write_html
+from aa_ray.tracking.curves import (
+    NOT_REACHED,
+    Curve,
+    ReportError,
+    aggregate,
+    first_reached,
+    load_curve,
+    machine_note,
+    median_reached,
+    runs_at_once,
+    write_html,
+)
 from aa_ray.tracking.mlflow_tracker import PARENT_TAG, search_all_runs
 
 # the tags a suite's child runs carry (`aa_ray.tune.suite` writes them; other contenders may too)
@@ -33,6 +49,8 @@ LABEL_TAG, ENV_TAG = "aa_ray.suite_label", "aa_ray.suite_env"
 SUPERSEDED_TAG = "aa_ray.superseded"  # a child run whose cell has changed since: left out
 REFERENCES_TAG = "aa_ray.references"  # the references file's name among the parent's artifacts
 BOOTSTRAP_REPS = 2000
+# the contender whose return is the default X of "minutes to reach X" (benchmarks/bench_sb3_suite.py)
+CONTENDER_PARAM, REFERENCE_CONTENDER = "contender", "stable-baselines3"
 
 
 def env_family(env_id: str) -> str:
@@ -77,10 +95,48 @@ def comparison_rows(curves: dict[tuple[str, str], list[Curve]], algos: dict[str,
     return rows
 
 
+def reach_targets(curves: dict[tuple[str, str], list[Curve]], reference_labels: set[str],
+                  threshold: float | None) -> dict[str, tuple[float, str]]:
+    """Per env, the return X to reach and where it comes from: the user's threshold, else the
+    reference contender's median over seeds at the env steps every one of its seeds reached."""
+    targets = {}
+    for env_id in sorted({env for _, env in curves}):
+        if threshold is not None:
+            targets[env_id] = (threshold, "--threshold")
+            continue
+        for label in sorted(reference_labels):
+            group = curves.get((label, env_id))
+            if group:
+                budget = min(c.steps.max() for c in group)
+                value = float(np.median([curve_at(c, budget) for c in group]))
+                targets[env_id] = (value, f"{label} median at {int(budget):,} env steps")
+                break
+    return targets
+
+
+def minutes_rows(curves: dict[tuple[str, str], list[Curve]], targets: dict[str, tuple[float, str]],
+                 at_once: dict[str, int]) -> list[dict]:
+    rows = []
+    for (label, env_id), group in sorted(curves.items(), key=lambda item: (item[0][1], item[0][0])):
+        if env_id not in targets:
+            continue
+        target, source = targets[env_id]
+        firsts = [first_reached(c.minutes, c.values, target) for c in group]
+        minutes = median_reached(firsts)
+        rows.append({"env": env_id, "label": label, "X": target, "X_is": source,
+                     "minutes_to_reach_X": NOT_REACHED if minutes is None else minutes,
+                     "reached": f"{sum(f is not None for f in firsts)}/{len(firsts)}",
+                     "minutes_run_median": float(np.median([c.minutes.max() for c in group])),
+                     "runs_at_once": max(at_once[c.run_id] for c in group)})
+    return rows
+
+
 def normalized_scores(curves: dict[tuple[str, str], list[Curve]], normalization: dict[str, dict]
                       ) -> tuple[dict[str, np.ndarray], list[str], dict[str, float]]:
     """Per label, a (seeds, envs) array of normalized scores at the steps every run of an env reached."""
     envs = sorted({env for _, env in curves if env_family(env) in normalization})
+    if not envs:  # no normalization constants (a suite without references): no scores
+        return {}, [], {}
     labels = sorted({label for label, _ in curves})
     common = {env: min(c.steps.max() for (_, e), group in curves.items() if e == env for c in group) for env in envs}
     scores = {}
@@ -114,7 +170,7 @@ def iqm_rows(scores: dict[str, np.ndarray], seed: int = 0) -> list[dict]:
 
 
 def plot_suite(data: dict[str, dict[str, dict]], references: dict[str, list[dict]], iqm: list[dict],
-               path: Path) -> bytes:
+               path: Path, xlabel: str = "env steps") -> bytes:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -139,7 +195,7 @@ def plot_suite(data: dict[str, dict[str, dict]], references: dict[str, list[dict
         if shown:
             ax.plot([], [], marker="D", linestyle="none", color="black", markersize=4, label="published")
         ax.set_title(env_id)
-        ax.set_xlabel("env steps")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel("eval return")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -161,12 +217,14 @@ def plot_suite(data: dict[str, dict[str, dict]], references: dict[str, list[dict
     return path.read_bytes()
 
 
-def make_suite_report(client: MlflowClient, out: Path, parent: str, metric: str) -> dict[str, Any]:
+def make_suite_report(client: MlflowClient, out: Path, parent: str, metric: str,
+                      threshold: float | None = None) -> dict[str, Any]:
     runs = suite_runs(client, parent)
     if not runs:
         raise ReportError(f"suite run {parent} has no child runs yet (run the suite first)")
     curves: dict[tuple[str, str], list[Curve]] = {}
     algos: dict[str, str] = {}
+    reference_labels: set[str] = set()
     for run in runs:
         curve = load_curve(client, run, metric)
         if curve is None:
@@ -174,30 +232,41 @@ def make_suite_report(client: MlflowClient, out: Path, parent: str, metric: str)
         label, env_id = run.data.tags[LABEL_TAG], run.data.tags[ENV_TAG]
         curves.setdefault((label, env_id), []).append(curve)
         algos[label] = run.data.params.get("algo.name", label)
+        if run.data.params.get(CONTENDER_PARAM, "").startswith(REFERENCE_CONTENDER):
+            reference_labels.add(label)
     if not curves:
         raise ReportError(f"none of the {len(runs)} runs of suite {parent} logged {metric!r}")
     published = load_references(client, parent)
     returns = published.get("returns") or []
     data: dict[str, dict[str, dict]] = {}
+    by_minutes: dict[str, dict[str, dict]] = {}
     for (label, env_id), group in curves.items():
         data.setdefault(env_id, {})[label] = {**aggregate(group, "steps"), "seeds": len(group),
                                               "runs": [c.run_id for c in group]}
+        by_minutes.setdefault(env_id, {})[label] = {**aggregate(group, "minutes"), "seeds": len(group)}
     markers = {env_id: [ref for ref in returns if ref["env"] == env_family(env_id)
                         and ref["algo"] in {algos[label] for label in by_label}]
                for env_id, by_label in data.items()}
     rows = comparison_rows(curves, algos, returns)
     scores, envs, common = normalized_scores(curves, published.get("normalization") or {})
     iqm = iqm_rows(scores)
+    reported = [run for run in runs if any(c.run_id == run.info.run_id for group in curves.values() for c in group)]
+    at_once = runs_at_once(reported, [c for group in curves.values() for c in group])
+    minutes = minutes_rows(curves, reach_targets(curves, reference_labels, threshold), at_once)
+    machine = machine_note(reported, at_once)
     out.mkdir(parents=True, exist_ok=True)
     png = plot_suite(data, markers, iqm, out / "report.png")
+    png_time = plot_suite(by_minutes, {}, [], out / "report_time.png", "minutes since the run started (stops left out)")
     title = f"aa-ray suite report: {metric} ({datetime.now():%Y-%m-%d %H:%M})"
     tables = {"Ours vs published at equal env steps": rows,
+              "Minutes to reach X (each run's own wall-clock)": minutes,
               "Interquartile mean of normalized scores across envs": iqm,
               "Env steps of the normalized scores": [{"env": e, "env_steps": int(common[e])} for e in envs]}
-    write_html(out / "report.html", title, png, tables, data, runs)
-    summary = {"metric": metric, "comparison": rows, "iqm": iqm, "score_steps": common, "curves": data,
-               "markers": markers}
+    write_html(out / "report.html", title, [png, png_time], tables, data, runs, [machine])
+    summary = {"metric": metric, "comparison": rows, "minutes_to_reach": minutes, "machine": machine, "iqm": iqm,
+               "score_steps": common, "curves": data, "curves_by_minutes": by_minutes, "markers": markers}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    for name in ("report.png", "report.html", "summary.json"):
+    for name in ("report.png", "report_time.png", "report.html", "summary.json"):
         client.log_artifact(parent, str(out / name), "report")
-    return {"png": out / "report.png", "html": out / "report.html", "rows": rows, "iqm": iqm, "groups": len(curves)}
+    return {"png": out / "report.png", "html": out / "report.html", "rows": rows, "iqm": iqm, "groups": len(curves),
+            "minutes": minutes, "machine": machine}
