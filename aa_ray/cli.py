@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from aa_ray import metric_names
 from aa_ray.errors import UserError
@@ -139,12 +139,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _fail(message: str, code: int = 2) -> int:
-    # messages quote URIs (credentials scrubbed) and user strings (control characters shown, not obeyed)
+def _say(text: str, end: str = "\n", file: TextIO | None = None) -> None:
+    """Print for the user. What the commands print quotes URIs (credentials scrubbed) and user strings
+    (names, paths, env ids, values: control characters shown, not obeyed)."""
     from aa_ray.runtime.progress import printable
     from aa_ray.tracking.credentials import scrub_uris
 
-    print(f"aa-ray: error: {printable(scrub_uris(message))}", file=sys.stderr)
+    print(printable(scrub_uris(text)), end=end, file=file)
+
+
+def _fail(message: str, code: int = 2) -> int:
+    _say(f"aa-ray: error: {message}", file=sys.stderr)
     return code
 
 
@@ -190,17 +195,17 @@ def _validate_tune_file(kind: str, args: argparse.Namespace) -> int:
         return _fail(f"--set applies to experiment specs; {args.spec} is a {kind}: edit its set: section instead")
     if kind == "sweep":
         sweep = load_sweep(args.spec)
-        print(f"# sweep {sweep.spec.name}: base {sweep.spec.base}, metric {sweep.spec.metric} ({sweep.spec.mode}), "
+        _say(f"# sweep {sweep.spec.name}: base {sweep.spec.base}, metric {sweep.spec.metric} ({sweep.spec.mode}), "
               f"{sweep.spec.num_samples} sample(s) of {', '.join(sweep.spec.search_space)}; every value checked "
               "against the base spec")
     elif kind == "suite":
         suite = load_suite(args.spec)
-        print(f"# suite {suite.spec.name}: {len(suite.cells)} runs ({len(suite.spec.specs)} specs x "
+        _say(f"# suite {suite.spec.name}: {len(suite.cells)} runs ({len(suite.spec.specs)} specs x "
               f"{len(suite.spec.envs)} envs x {len(suite.spec.seeds)} seeds), each validated:")
-        print("\n".join(f"#   {name}" for name in suite.cells))
+        _say("\n".join(f"#   {name}" for name in suite.cells))
     else:
         pipeline = load_pipeline(args.spec)
-        print(f"# pipeline {pipeline.spec.name}: stages in order, each validated: "
+        _say(f"# pipeline {pipeline.spec.name}: stages in order, each validated: "
               + ", ".join(f"{name} ({pipeline.spec.stages[name].kind})" for name in pipeline.order))
     return 0
 
@@ -215,16 +220,16 @@ def _validate(spec: ExperimentSpec) -> int:
         return _fail(str(err))
     groups = f" ({', '.join(f'{key} {dim}' for key, dim in obs.groups)}; the actor reads {obs.actor})" \
         if obs.groups else ""
-    print(f"# env {spec.env.id}: obs_dim {obs.full}{groups}, act_dim {act_dim}")
+    _say(f"# env {spec.env.id}: obs_dim {obs.full}{groups}, act_dim {act_dim}")
     if spec.prior_data is not None:
         from aa_ray.data.dataset import DatasetError
 
         try:
-            print(f"# algo.prior_data: {_prior_data_note(spec, obs.full, act_dim)}")
+            _say(f"# algo.prior_data: {_prior_data_note(spec, obs.full, act_dim)}")
         except DatasetError as err:
             return _fail(f"algo.prior_data: {err}")
-    print(f"# spec hash {spec_hash(spec)}\n# placement-group bundles: {spec.bundles()}")
-    print(spec_yaml(spec), end="")
+    _say(f"# spec hash {spec_hash(spec)}\n# placement-group bundles: {spec.bundles()}")
+    _say(spec_yaml(spec), end="")
     return 0
 
 
@@ -242,7 +247,7 @@ def _run(spec: ExperimentSpec, args: argparse.Namespace) -> int:
     resume = args.resume
     if resume == "latest":
         resume = latest_checkpoint(spec)
-        print(f"resuming from {resume}" if resume else
+        _say(f"resuming from {resume}" if resume else
               f"no checkpoint of {spec.name} under {spec.runtime.output_dir}: starting a new run")
     try:
         result = experiment.fit(resume=resume, track=False if args.no_track else None,
@@ -257,12 +262,12 @@ def _run(spec: ExperimentSpec, args: argparse.Namespace) -> int:
         return _fail(f"interrupted{f' ({err})' if str(err) else ''}" + (f"; last checkpoint: {last}" if last else ""),
                      code=130)
     if result.stop_reason == PREEMPTED:
-        print(f"stopped by a signal at {result.env_steps:,} env steps; checkpoint: {result.checkpoint}\n"
+        _say(f"stopped by a signal at {result.env_steps:,} env steps; checkpoint: {result.checkpoint}\n"
               "continue it with the same command and --resume latest", file=sys.stderr)
         return PREEMPTED_EXIT_CODE
-    print(f"run folder: {result.run_dir}")
+    _say(f"run folder: {result.run_dir}")
     if result.mlflow_run_id:
-        print(f"mlflow run: {result.mlflow_run_id}  {result.mlflow_url}" + _ui_hint(result.mlflow_url))
+        _say(f"mlflow run: {result.mlflow_run_id}  {result.mlflow_url}" + _ui_hint(result.mlflow_url))
     return 0
 
 
@@ -280,7 +285,7 @@ def _policy_command(args: argparse.Namespace) -> int:
         if args.command == "export":
             out = policy.export(args.out, args.format)
             keys = f" = {' + '.join(policy.obs_keys)}" if policy.obs_keys else ""
-            print(f"{args.format}: {out} (obs {policy.obs_dim}{keys} -> action {policy.act_dim}, {policy.spec.env.id})")
+            _say(f"{args.format}: {out} (obs {policy.obs_dim}{keys} -> action {policy.act_dim}, {policy.spec.env.id})")
             return 0
         result = policy.evaluate(args.episodes, video=args.video)
     except (UserError, CheckpointError, ValueError) as err:
@@ -288,9 +293,9 @@ def _policy_command(args: argparse.Namespace) -> int:
     except RuntimeError as err:  # the video could not be rendered here
         return _fail(str(err), code=1)
     shown = "  ".join(f"{key} {value:.4g}" for key, value in result.items())
-    print(f"{policy.spec.env.id}, {args.episodes or policy.spec.eval.episodes} episodes: {shown}")
+    _say(f"{policy.spec.env.id}, {args.episodes or policy.spec.eval.episodes} episodes: {shown}")
     if args.video:
-        print(f"video: {args.video}")
+        _say(f"video: {args.video}")
     return 0
 
 
@@ -338,15 +343,15 @@ def _rollout(spec: ExperimentSpec, args: argparse.Namespace) -> int:
     for key, value in summary.items():  # the env's task metrics (mean_success, mean_<info key>)
         if key.startswith("mean_") and key != "mean_return":
             line += f", mean {key.removeprefix('mean_')} {value:.4g}"
-    print(line + ")")
+    _say(line + ")")
     if "dataset_id" in summary:
         root = Path(summary["path"]).parents[len(Path(summary["dataset_id"]).parts) - 1]
-        print(f"minari: MINARI_DATASETS_PATH={root} then minari.load_dataset({summary['dataset_id']!r})")
+        _say(f"minari: MINARI_DATASETS_PATH={root} then minari.load_dataset({summary['dataset_id']!r})")
     if args.track:
         from mlflow.exceptions import MlflowException
 
         try:
-            print(f"mlflow run: {_track_rollout(spec, args, summary)}")
+            _say(f"mlflow run: {_track_rollout(spec, args, summary)}")
         except (MlflowException, DatasetError) as err:
             return _fail(f"the dataset is written, but MLflow did not record the rollout: {str(err).splitlines()[0]}",
                          code=1)
@@ -383,10 +388,10 @@ def _report(args: argparse.Namespace) -> int:
     except (ReportError, MlflowException) as err:
         return _fail(str(err).splitlines()[0])
     for row in [*result["rows"], *result.get("minutes", []), *result.get("iqm", [])]:
-        print("  ".join(f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
+        _say("  ".join(f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
                         for key, value in row.items()))
-    print(result["machine"])
-    print(f"report: {result['html']} and {result['png']}" + (f" (also logged to run {args.parent})"
+    _say(result["machine"])
+    _say(f"report: {result['html']} and {result['png']}" + (f" (also logged to run {args.parent})"
                                                               if args.parent else ""))
     return 0
 
@@ -410,11 +415,11 @@ def _tune_command(args: argparse.Namespace) -> int:
 
             outcome = run_sweep(loaded, track=not args.no_track, resume=args.resume is not None)
             if outcome["preempted"]:  # no table: its unfinished trials would read as stopped early
-                print(f"sweep stopped by a signal, its state saved ({outcome['root']}); continue it with the same "
+                _say(f"sweep stopped by a signal, its state saved ({outcome['root']}); continue it with the same "
                       "command and --resume latest (unfinished trials resume from their last checkpoint)",
                       file=sys.stderr)
                 return PREEMPTED_EXIT_CODE
-            print(trials_table(outcome, loaded.spec.metric))
+            _say(trials_table(outcome, loaded.spec.metric))
             failed = [t for t in outcome["trials"] if t["error"]]
             if outcome["best"] is None:
                 return _fail(f"no trial of the sweep finished; see {outcome['root']}", code=1)
@@ -423,9 +428,9 @@ def _tune_command(args: argparse.Namespace) -> int:
             from aa_ray.tune.suite import cells_table, run_suite
 
             outcome = run_suite(loaded, force=args.force, track=not args.no_track, only=args.only)
-            print(cells_table(outcome))
+            _say(cells_table(outcome))
             if outcome["parent_run_id"]:
-                print(f"report: aa-ray report --parent {outcome['parent_run_id']}")
+                _say(f"report: aa-ray report --parent {outcome['parent_run_id']}")
             failed = [row for row in outcome["cells"] if row["status"] == "failed"]
             return 1 if failed else 0
         from aa_ray.tune.pipeline import PipelineError, run_pipeline
@@ -435,7 +440,7 @@ def _tune_command(args: argparse.Namespace) -> int:
         except PipelineError as err:
             return _fail(str(err), code=1)
         for name, stage in outcome["stages"].items():
-            print(f"{name}: {stage['status']}  {stage['output']}")
+            _say(f"{name}: {stage['status']}  {stage['output']}")
         return 0
     except ResourceError as err:
         return _fail(str(err), code=1)
