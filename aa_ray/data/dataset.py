@@ -44,7 +44,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -254,7 +254,30 @@ def _to_table(transitions: Mapping[str, np.ndarray], meta: DatasetMeta, schema: 
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-class DatasetWriter:
+Writer = TypeVar("Writer", bound="WholeOrNothing")
+
+
+class WholeOrNothing:
+    """A dataset writer as a context manager: `close()` (the dataset moved into place) when the block
+    ends, `abort()` (nothing left behind) when it raises."""
+
+    def close(self) -> Path:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: Writer) -> Writer:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+class DatasetWriter(WholeOrNothing):
     """Streams transitions into one Parquet file (written to `<path>.tmp`, renamed on close, so a
     crash never leaves a half dataset under the real name). Use as a context manager."""
 
@@ -286,15 +309,6 @@ class DatasetWriter:
     def abort(self) -> None:
         self.writer.close()
         self.tmp.unlink(missing_ok=True)
-
-    def __enter__(self) -> DatasetWriter:
-        return self
-
-    def __exit__(self, exc_type: Any, *_: Any) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
 
 def write_dataset(path: str | Path, transitions: Mapping[str, np.ndarray], meta: DatasetMeta) -> Path:

@@ -183,7 +183,7 @@ def _split_episodes(columns: Mapping[str, np.ndarray]) -> list[dict[str, np.ndar
     return episodes
 
 
-class MinariWriter:
+class MinariWriter(ds.WholeOrNothing):
     """Streams whole episodes (the dataset module's columns, policy-space actions) into a new
     Minari dataset `<root>/<dataset_id>`. The same interface as `DatasetWriter`: write, close
     (returns the dataset folder), abort, and a context manager that aborts on an error."""
@@ -275,15 +275,6 @@ class MinariWriter:
 
     def abort(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
-
-    def __enter__(self) -> MinariWriter:
-        return self
-
-    def __exit__(self, exc_type: Any, *_: Any) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
 
 # ---- reading ---------------------------------------------------------------------------------

@@ -190,9 +190,9 @@ class Trainer:
                 else:
                     status = "FINISHED"
                 return result
-            except KeyboardInterrupt as err:
+            except (KeyboardInterrupt, SystemExit) as err:  # SystemExit: Tune stopping a trial (sweep stopped, ASHA)
                 status = "KILLED"
-                reason = f"interrupted ({err or 'KeyboardInterrupt'}); last checkpoint {self.last_checkpoint}"
+                reason = f"interrupted ({err!r}); last checkpoint {self.last_checkpoint}"
                 raise
             finally:
                 self.record.close(status, cluster.timeline(self.spec) if self.spec.runtime.trace else None, reason)
