@@ -18,18 +18,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from aa_ray.tracking.machine import cpu_model  # noqa: F401  (the one reader, re-exported for the scripts)
+
 REPO = Path(__file__).resolve().parents[1]
 SPECS = REPO / "specs"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def git_state() -> str:

@@ -332,6 +332,8 @@ class MinariTransitions:
     def _episodes(self) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
         """(episode id, its transitions in the dataset module's columns, actions mapped back to [-1, 1]
         but not clipped)."""
+        from aa_ray.nets.policy import from_bounds
+
         low = np.asarray(self.dataset.action_space.low, np.float64).reshape(-1)
         high = np.asarray(self.dataset.action_space.high, np.float64).reshape(-1)
         for episode in self.dataset.iterate_episodes():
@@ -340,7 +342,7 @@ class MinariTransitions:
             actions = np.asarray(episode.actions, np.float64).reshape(steps, -1)
             yield int(episode.id), {
                 ds.OBS: observations[:-1],
-                ds.ACTIONS: (2.0 * (actions - low) / (high - low) - 1.0).astype(np.float32),
+                ds.ACTIONS: from_bounds(actions, low, high).astype(np.float32),
                 ds.REWARDS: np.asarray(episode.rewards, np.float32),
                 ds.NEXT_OBS: observations[1:],
                 ds.TERMINATEDS: np.asarray(episode.terminations, bool),

@@ -87,6 +87,11 @@ def to_bounds(unit: Array, low: Array, high: Array) -> Array:
     return low + 0.5 * (unit + 1.0) * (high - low)
 
 
+def from_bounds(action: Array, low: Array, high: Array) -> Array:
+    """The inverse of `to_bounds`: env actions mapped back to the policy's [-1, 1] (not clipped)."""
+    return 2.0 * (action - low) / (high - low) - 1.0
+
+
 def actor_input(obs_norm: ObsNormalizer, obs: Tensor, features: int) -> Tensor:
     """What an actor reads of raw observations (..., full or actor features): the leading `features`,
     normalized."""
