@@ -60,8 +60,9 @@ class BatchRenorm(nn.Module):
             warmed_up = self.steps >= s.warmup_steps
             r = torch.where(warmed_up, (std / running_std).clamp(1.0 / s.r_max, s.r_max), 1.0)
             d = torch.where(warmed_up, ((mean - self.running_mean) / running_std).clamp(-s.d_max, s.d_max), 0.0)
-            self.running_mean.lerp_(mean.detach(), s.momentum)
-            self.running_var.lerp_(var.detach(), s.momentum)
+            # the running statistics stay fp32 when the layers run in bf16 (autocast)
+            self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), s.momentum)
+            self.running_var.lerp_(var.detach().to(self.running_var.dtype), s.momentum)
             self.steps += 1
         return ((x - mean) / std * r + d) * self.weight + self.bias
 
