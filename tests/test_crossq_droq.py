@@ -67,6 +67,19 @@ def test_crossq_checkpoints_its_statistics_and_has_no_target_networks() -> None:
         assert all(torch.equal(loaded[key], value) for key, value in stats.items())
 
 
+def test_crossq_trains_under_bf16_autocast_and_keeps_its_running_statistics_fp32() -> None:
+    """specs/mujoco/fast_cpu.yaml's precision: the layers run in bf16, the statistics they average stay fp32."""
+    runner, learner = trained("crossq.yaml", "algo.precision=bf16", "algo.renorm_warmup_steps=5")
+    nets = (learner.algo.policy, learner.algo.critic)
+    layers = [m for net in nets for m in net.modules() if isinstance(m, BatchRenorm)]
+    assert len(layers) == 6 and all(int(m.steps) > 0 for m in layers)
+    assert all(m.running_mean.dtype == m.running_var.dtype == torch.float32 for m in layers)
+    replay = ReplayBuffer(1000, 10, 2, seed=0)
+    replay.add(runner.sample(25, random_actions=True)[0])
+    metrics = learner.update([], replay.sample(3, 32)).metrics  # an actor step every 3rd critic step
+    assert np.isfinite(metrics["critic/q_loss"]) and np.isfinite(metrics["actor/loss"])
+
+
 def test_crossq_refuses_a_polyak_rate() -> None:
     with pytest.raises(SpecError, match="algo.tau: CrossQ has no target networks"):
         load_spec(SPECS / "crossq.yaml", ["algo.tau=0.01"])

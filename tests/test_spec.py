@@ -33,7 +33,8 @@ budget: {env_steps: 1000}
 """
 
 
-@pytest.mark.parametrize("spec_file", sorted(SPECS.glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("spec_file", sorted([*SPECS.glob("*.yaml"), *SPECS.glob("mujoco/*.yaml")]),
+                         ids=lambda p: str(p.relative_to(SPECS)))
 def test_shipped_specs_validate(spec_file: Path) -> None:
     spec = load_spec(spec_file)
     assert spec.name
