@@ -1,0 +1,135 @@
+"""What makes specs/mujoco/fast_cpu.yaml fast on a CPU: learner updates/s on HalfCheetah-v5's shapes
+(17 observations, 6 actions) for each of its choices, against SB3's SAC update and aa-ray's `sac` at the
+SB3 zoo's settings, all in one process, alternating; and what the compile costs, cold and from
+Inductor's cache.
+
+Run:
+    .venv/bin/python benchmarks/bench_fast_cpu.py --part updates   # ~4 minutes on 2 cores, quiet machine
+    .venv/bin/python benchmarks/bench_fast_cpu.py --part compile   # ~1.5 minutes
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import SPECS, alternate, base_parser, median_ratio, print_table, random_transitions, run_part  # noqa: E402
+
+from aa_ray.runtime.learner import Learner  # noqa: E402
+from aa_ray.runtime.replay import ReplayBuffer  # noqa: E402
+from aa_ray.spec.loader import load_spec  # noqa: E402
+
+OBS_DIM, ACT_DIM = 17, 6  # HalfCheetah-v5
+FAST = "mujoco/fast_cpu.yaml"
+EAGER_FP32 = ["learners.compile=off", "algo.precision=fp32"]
+# name -> (spec file, overrides, torch threads); each row changes one thing from the row it names
+CONTENDERS: dict[str, tuple[str, list[str], int]] = {
+    "sac (SB3 zoo settings)": ("mujoco/sac.yaml", [], 1),
+    "crossq 256, eager fp32": (FAST, EAGER_FP32, 1),
+    "crossq 256, compiled fp32": (FAST, ["algo.precision=fp32"], 1),
+    "crossq 256, eager bf16": (FAST, ["learners.compile=off"], 1),
+    "fast_cpu (compiled bf16)": (FAST, [], 1),
+    "fast_cpu, batch 128": (FAST, ["algo.batch_size=128"], 1),
+    "fast_cpu, 2 threads": (FAST, [], 2),
+}
+
+
+def learner_rate(spec_file: str, overrides: list[str], threads: int, updates: int) -> Callable[[], float]:
+    spec = load_spec(SPECS / spec_file, [*overrides, "algo.utd_ratio=1"])
+    learner = Learner(spec, OBS_DIM, ACT_DIM)
+    replay = ReplayBuffer(50_000, OBS_DIM, ACT_DIM, seed=0)
+    replay.add(random_transitions(20_000, OBS_DIM, ACT_DIM))
+    batch = spec.algo.batch_size
+    torch.set_num_threads(threads)
+    learner.update([], replay.sample(8, batch))  # compiles, where the spec asks for it: not timed
+
+    def run() -> float:
+        torch.set_num_threads(threads)
+        samples = replay.sample(updates, batch)
+        start = time.perf_counter()
+        learner.update([], samples)
+        return updates / (time.perf_counter() - start)
+
+    return run
+
+
+def sb3_rate(updates: int) -> Callable[[], float]:
+    """Stable-Baselines3's SAC at the zoo's settings: `model.train` on a filled replay buffer."""
+    import gymnasium as gym
+    from stable_baselines3 import SAC
+
+    torch.set_num_threads(1)
+    model = SAC("MlpPolicy", gym.make("HalfCheetah-v5"), batch_size=256, learning_starts=0, device="cpu",
+                policy_kwargs={"net_arch": [256, 256]}, seed=0)
+    model.learn(300)  # fills a little of the replay buffer and sets up the logger `train` writes to
+    data = random_transitions(20_000, OBS_DIM, ACT_DIM)
+    for i in range(len(data.obs)):
+        model.replay_buffer.add(data.obs[i:i + 1], data.next_obs[i:i + 1], data.action[i:i + 1],
+                                data.reward[i:i + 1], data.terminated[i:i + 1], [{}])
+
+    def run() -> float:
+        torch.set_num_threads(1)
+        start = time.perf_counter()
+        model.train(gradient_steps=updates, batch_size=256)
+        return updates / (time.perf_counter() - start)
+
+    return run
+
+
+def part_updates(args) -> dict:
+    contenders = [(name, learner_rate(*setting, args.updates)) for name, setting in CONTENDERS.items()]
+    contenders.insert(0, ("SB3 SAC", sb3_rate(args.updates)))
+    rates = alternate(contenders, args.reps)
+    rows = [[name, statistics.median(r), median_ratio(rates, name, "SB3 SAC")] for name, r in rates.items()]
+    print_table(["learner", "updates/s (median)", "ratio vs SB3 SAC"], rows)
+    return {"updates_per_s": {row[0]: row[1] for row in rows}, "ratio_vs_sb3": {row[0]: row[2] for row in rows}}
+
+
+COMPILE_ONCE = f"""
+import sys, time
+sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+from bench_fast_cpu import learner_rate, FAST
+start = time.perf_counter()
+learner_rate(FAST, [], 1, 1)
+print(time.perf_counter() - start)
+"""
+
+
+def part_compile(args) -> dict:
+    """The fast spec's learner built and its first update run, in a fresh process, three times over
+    one empty Inductor cache folder: the first pays the cold compile, the others read the cache."""
+    seconds = []
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+        for attempt in ("cold", "cached", "cached"):
+            out = subprocess.run([sys.executable, "-c", COMPILE_ONCE], env=env, capture_output=True, text=True,
+                                 check=True)
+            seconds.append(float(out.stdout.split()[-1]))
+            print(f"  {attempt}: {seconds[-1]:.1f} s to the first update", flush=True)
+    eager = subprocess.run([sys.executable, "-c", COMPILE_ONCE.replace("learner_rate(FAST, [],",
+                                                                     "learner_rate(FAST, ['learners.compile=off'],")],
+                           capture_output=True, text=True, check=True)
+    rows = [["cold cache", seconds[0]], ["cached", statistics.median(seconds[1:])],
+            ["eager (no compile)", float(eager.stdout.split()[-1])]]
+    print_table(["fast_cpu learner", "seconds to its first update"], rows)
+    return {"seconds_to_first_update": {row[0]: row[1] for row in rows}}
+
+
+def main() -> None:
+    parser = base_parser(__doc__, reps=5)
+    parser.add_argument("--part", choices=["updates", "compile"], default="updates")
+    parser.add_argument("--updates", type=int, default=60, help="updates per timed repetition")
+    run_part(parser.parse_args(), {"updates": part_updates, "compile": part_compile})
+
+
+if __name__ == "__main__":
+    main()
