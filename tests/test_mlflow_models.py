@@ -130,18 +130,19 @@ def serving(model_uri: str, cwd: Path) -> Iterator[str]:
     """
     for attempt in range(3):
         port = free_port()
-        server = subprocess.Popen(
-            [str(Path(sys.executable).parent / "mlflow"), "models", "serve", "-m", model_uri, "--env-manager", "local",
-             "-h", "127.0.0.1", "-p", str(port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=cwd, start_new_session=True,
-        )
+        log = cwd / f"serve_{attempt}.log"  # a file, not a pipe nobody reads while waiting: it cannot fill up
+        with log.open("wb") as output:
+            server = subprocess.Popen(
+                [str(Path(sys.executable).parent / "mlflow"), "models", "serve", "-m", model_uri, "--env-manager",
+                 "local", "-h", "127.0.0.1", "-p", str(port)],
+                stdout=output, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,
+            )
         try:
             if answers_ping(server, port):
                 yield f"http://127.0.0.1:{port}"
                 return
-            _, stderr = server.communicate(timeout=30)
             if attempt == 2:
-                raise RuntimeError(f"mlflow models serve exited {server.returncode}:\n{stderr.decode()[-3000:]}")
+                raise RuntimeError(f"mlflow models serve exited {server.returncode}:\n{log.read_text()[-3000:]}")
         finally:
             if server.poll() is None:
                 os.killpg(server.pid, signal.SIGTERM)  # the server's session: the CLI and the uvicorn it started
