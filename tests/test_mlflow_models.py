@@ -125,42 +125,35 @@ def free_port() -> int:
 def serving(model_uri: str, cwd: Path) -> Iterator[str]:
     """`mlflow models serve` of the model on loopback (this environment, no new one); yields its base URL.
 
-    A port found free can be taken before the server binds it (the other pytest worker's Ray opens
-    many), so a server that exits before answering is started again on a fresh port, twice at most.
+    The CLI starts `uvicorn` by name, so this environment's bin folder goes first on PATH, as it is for
+    a user who activated it (`make test` runs .venv/bin/pytest without activating: CI found no uvicorn).
     """
-    for attempt in range(3):
-        port = free_port()
-        log = cwd / f"serve_{attempt}.log"  # a file, not a pipe nobody reads while waiting: it cannot fill up
-        with log.open("wb") as output:
-            server = subprocess.Popen(
-                [str(Path(sys.executable).parent / "mlflow"), "models", "serve", "-m", model_uri, "--env-manager",
-                 "local", "-h", "127.0.0.1", "-p", str(port)],
-                stdout=output, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,
-            )
-        try:
-            if answers_ping(server, port):
-                yield f"http://127.0.0.1:{port}"
-                return
-            if attempt == 2:
-                raise RuntimeError(f"mlflow models serve exited {server.returncode}:\n{log.read_text()[-3000:]}")
-        finally:
-            if server.poll() is None:
-                os.killpg(server.pid, signal.SIGTERM)  # the server's session: the CLI and the uvicorn it started
-                server.wait(timeout=30)
-
-
-def answers_ping(server: subprocess.Popen, port: int) -> bool:
-    """True once the server answers /ping; False if it exited first."""
-    deadline = time.monotonic() + 120
-    while server.poll() is None:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2)
-            return True
-        except OSError:
-            if time.monotonic() > deadline:
-                raise RuntimeError("mlflow models serve did not answer /ping within 120 s") from None
-            time.sleep(0.5)
-    return False
+    port = free_port()
+    bin_folder = str(Path(sys.executable).parent)
+    log = cwd / "serve.log"  # a file, not a pipe nobody reads while waiting: it cannot fill up
+    with log.open("wb") as output:
+        server = subprocess.Popen(
+            [f"{bin_folder}/mlflow", "models", "serve", "-m", model_uri, "--env-manager", "local",
+             "-h", "127.0.0.1", "-p", str(port)],
+            stdout=output, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,
+            env={**os.environ, "PATH": os.pathsep.join([bin_folder, os.environ.get("PATH", "")])},
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2)
+                break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise RuntimeError(f"mlflow models serve did not answer /ping (exit code {server.poll()}):\n"
+                                       f"{log.read_text()[-3000:]}") from None
+                time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)  # the server's session: the CLI and the uvicorn it started
+            server.wait(timeout=30)
 
 
 def test_a_dict_observation_policy_names_the_actor_keys_and_is_served_over_http(tmp_path: Path) -> None:
