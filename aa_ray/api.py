@@ -158,7 +158,7 @@ def _reporter(callbacks: list[Callback]) -> Callable[[dict[str, float], Path | N
 class Policy:
     """A checkpoint's acting policy: observation normalizer, network and the env's action bounds."""
 
-    def __init__(self, checkpoint: str | Path, env_creator: EnvCreator | None = None):
+    def __init__(self, checkpoint: str | Path, env_creator: EnvCreator | None = None, trust_code: bool = False):
         import torch
 
         from aa_ray.algos.registry import build_policy
@@ -170,7 +170,7 @@ class Policy:
         if env_creator is not None and isinstance(payload.get("spec"), dict):
             payload["spec"] = _with_creator(payload["spec"], env_creator)
         self.checkpoint = Path(payload["folder"])
-        self.spec, state = checkpoint_policy(payload)
+        self.spec, state = checkpoint_policy(payload, trust_code=trust_code)
         obs, self.act_dim = env_dims(self.spec)
         # what `predict` and an exported file take: the actor's observation features (for a Dict
         # observation, its keys' features in `obs_keys` order; no privileged key is needed)
@@ -283,9 +283,14 @@ def _prepare_to_write(target: Path, what: str, first_write: Path | None = None) 
         raise ExportError(f"cannot write the {what} {target}: {reason}.") from None
 
 
-def load_policy(checkpoint: str | Path, env_creator: EnvCreator | None = None) -> Policy:
+def load_policy(checkpoint: str | Path, env_creator: EnvCreator | None = None, *, trust_code: bool = False) -> Policy:
     """The acting policy of a checkpoint folder (CheckpointError for a missing or foreign one, or
     one whose policy holds a NaN or infinite weight).
     `env_creator`: the function that made the env of a run trained with one (`Experiment(...,
-    env_creator=)`); without it the checkpoint's recorded `env.entry_point` is imported."""
-    return Policy(checkpoint, env_creator)
+    env_creator=)`); it replaces the checkpoint's recorded `env.entry_point`.
+    `trust_code`: a checkpoint is a file from whoever wrote it, and its stored spec may name code
+    (an env entry point, modules to import, `env.py_modules`, a mirror, an algorithm plugin). That
+    code runs only with `trust_code=True`; without it such a checkpoint is an UntrustedCodeError
+    listing what would have been imported, and nothing is (`aa_ray.spec.trust`). Checkpoints of
+    gymnasium's and aa-ray's own envs and algorithms name no code and need no opt-in."""
+    return Policy(checkpoint, env_creator, trust_code)

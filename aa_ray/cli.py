@@ -73,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     rollout.add_argument(
         "--deterministic", action="store_true", help="with --checkpoint: the policy's mean action, no sampling"
     )
+    _trust_code_flag(rollout)
 
     evaluate = commands.add_parser(
         "eval", help="evaluate a checkpoint's policy on its env's eval seeds (return, length, success, task metrics)"
@@ -81,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--episodes", type=_positive_int, metavar="N",
                           help="episodes (default: the run's eval.episodes)")
     evaluate.add_argument("--video", metavar="OUT.gif", help="also write the first episode as a GIF")
+    _trust_code_flag(evaluate)
 
     export = commands.add_parser(
         "export", help="write a checkpoint's deterministic policy as a TorchScript or ONNX file (runs without aa-ray)"
@@ -88,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("checkpoint", help="a checkpoint folder (runs/<run>/checkpoints/<name>)")
     export.add_argument("--format", required=True, choices=["torchscript", "onnx"])
     export.add_argument("--out", required=True, metavar="FILE", help="the file to write")
+    _trust_code_flag(export)
 
     sweep = commands.add_parser("sweep", help="a Ray Tune search over spec keys (see specs/sweeps/)")
     sweep.add_argument("spec", help="path to a YAML sweep spec")
@@ -127,6 +130,14 @@ def _parser() -> argparse.ArgumentParser:
                         help="min: lower is better (e.g. a task metric that is an error)")
     report.add_argument("--out", help="output folder (default reports/<time>)")
     return parser
+
+
+def _trust_code_flag(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--trust-code", action="store_true",
+        help="run the code the checkpoint's stored spec names (env entry point, imports, py_modules, mirror, "
+        "algorithm plugin); without it such a checkpoint is refused, naming that code, and nothing is imported",
+    )
 
 
 def _positive_int(text: str) -> int:
@@ -281,7 +292,7 @@ def _policy_command(args: argparse.Namespace) -> int:
     from aa_ray.runtime.checkpoint import CheckpointError
 
     try:
-        policy = load_policy(args.checkpoint)
+        policy = load_policy(args.checkpoint, trust_code=args.trust_code)
         if args.command == "export":
             out = policy.export(args.out, args.format)
             keys = f" = {' + '.join(policy.obs_keys)}" if policy.obs_keys else ""
@@ -331,6 +342,7 @@ def _rollout(spec: ExperimentSpec, args: argparse.Namespace) -> int:
         summary = rollout(
             spec, args.out, args.episodes, checkpoint=args.checkpoint, scripted=args.scripted,
             deterministic=args.deterministic, dataset_format=args.format, dataset_id=args.dataset_id,
+            trust_code=args.trust_code,
         )
     except (UserError, CheckpointError, RolloutError, DatasetError) as err:
         return _fail(str(err))

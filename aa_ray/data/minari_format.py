@@ -27,6 +27,7 @@ loads Parquet. Only flat Box observations are supported (grouped Dict observatio
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -42,6 +43,7 @@ import pyarrow as pa
 
 import aa_ray.data.dataset as ds
 from aa_ray.data.value_checks import ACTION_RANGE, first_bad_value
+from aa_ray.errors import echo
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -397,6 +399,47 @@ def _concatenate(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return {name: np.concatenate([part[name] for part in parts]) for name in ds.COLUMNS}
 
 
+METADATA_LIMIT = 16 * 2**20  # far above any real metadata.json (a few kB); read whole before parsing
+
+
+def _json_object(text: Any) -> dict[str, Any]:
+    """The JSON object a metadata string holds ({} for anything else)."""
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        value = None
+    return value if isinstance(value, dict) else {}
+
+
+def _check_metadata(path: Path) -> None:
+    """Refuse, before minari opens it, a dataset whose `data/metadata.json` is not a JSON object or
+    lacks either space. Minari fills a missing space in by making the env its `env_spec` records,
+    and making an env imports and calls whatever that spec's entry point names: a dataset is data
+    from whoever wrote it, and reading one must run no code (`aa_ray.spec.trust`). aa-ray's and
+    Minari's own writers always record both spaces."""
+    file = path / "data" / "metadata.json"
+    try:
+        if file.stat().st_size > METADATA_LIMIT:
+            raise ds.DatasetError(f"Minari dataset {path}: {file} is {file.stat().st_size:,} bytes, not a dataset's "
+                                  "metadata.")
+        metadata = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ds.DatasetError(f"Minari dataset {path}: {file} cannot be read as JSON ({err}).") from None
+    if not isinstance(metadata, dict):
+        raise ds.DatasetError(f"Minari dataset {path}: {file} holds a JSON {type(metadata).__name__}, not the "
+                              "object of a Minari dataset's metadata.")
+    missing = [key for key in ("observation_space", "action_space") if key not in metadata]
+    if missing:
+        recorded = _json_object(metadata.get("env_spec"))
+        entry_point = recorded.get("entry_point", "?")
+        raise ds.DatasetError(
+            f"Minari dataset {path}: {file} records no {' and no '.join(missing)}. minari would make the env its "
+            f"env_spec records to find them, which imports and runs its entry point ({echo(entry_point)}); "
+            "aa-ray reads datasets without making any env, so it reads only datasets that record both spaces "
+            "(every dataset minari or aa-ray writes does). Re-create the dataset with both spaces recorded."
+        )
+
+
 def read_minari(
     path: Path, expect_env_id: str | None = None, expect_obs_dim: int | None = None, expect_act_dim: int | None = None,
 ) -> MinariTransitions:
@@ -405,9 +448,10 @@ def read_minari(
     import gymnasium as gym
     from minari import MinariDataset
 
+    _check_metadata(path)
     try:
         dataset = MinariDataset(path / "data")
-    except (ValueError, OSError, KeyError, AssertionError, pa.ArrowException) as err:
+    except Exception as err:  # minari's reader checks with asserts, KeyErrors, TypeErrors...: any is a bad file
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ds.DatasetError(f"Minari dataset {path}: minari cannot read it ({reason}).") from None
     described = f"Minari dataset {dataset.spec.dataset_id} ({path})"

@@ -23,6 +23,7 @@ from aa_ray.data.dataset import DatasetMeta, DatasetWriter, dataset_meta
 from aa_ray.data.scripted import scripted_controllers
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import spec_to_dict, validate_spec
+from aa_ray.spec.trust import named_code, refuse_untrusted_code
 
 ROUNDS = 20  # about this many progress reports per rollout
 FORMATS = ("parquet", minari_format.FORMAT)
@@ -37,16 +38,21 @@ def _report(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def policy_from_checkpoint(spec: ExperimentSpec, checkpoint: str | Path) -> tuple[ExperimentSpec, dict]:
+def policy_from_checkpoint(spec: ExperimentSpec, checkpoint: str | Path,
+                           trust_code: bool = False) -> tuple[ExperimentSpec, dict]:
     """The spec to roll out with (the checkpoint's algo, so runners build its policy network) and
-    the policy weights. CheckpointError (a bad path or file), RolloutError (wrong env) or SpecError
-    (the checkpoint's algo does not fit the rest of the spec)."""
+    the policy weights. CheckpointError (a bad path or file), RolloutError (wrong env), SpecError
+    (the checkpoint's algo does not fit the rest of the spec) or UntrustedCodeError (the checkpoint
+    names code that the user's spec does not, and `trust_code` is off)."""
     from aa_ray.algos.registry import build_policy
     from aa_ray.envs import env_dims
     from aa_ray.runtime.checkpoint import CheckpointError, checkpoint_policy, load_checkpoint
 
     payload = load_checkpoint(checkpoint)
-    trained, state = checkpoint_policy(payload)
+    if isinstance(payload.get("spec"), dict):  # what the user's own spec names is theirs to run
+        refuse_untrusted_code(payload["spec"], f"checkpoint {payload['folder']}", trust_code,
+                              named_by_user=named_code(spec_to_dict(spec)))
+    trained, state = checkpoint_policy(payload, trust_code=True)
     if trained.env.id != spec.env.id:
         raise RolloutError(
             f"checkpoint {payload['folder']} was trained on env {trained.env.id!r}, the spec's env is "
@@ -122,6 +128,7 @@ def rollout(
     report: Callable[[str], None] = _report,
     dataset_format: DatasetFormat = "parquet",
     dataset_id: str | None = None,
+    trust_code: bool = False,
 ) -> dict[str, Any]:
     """Write `episodes` episodes of the spec's env to the dataset `out`: a Parquet file, or with
     `dataset_format="minari"` a Minari dataset `<out>/<dataset_id>` (out: the dataset root, default
@@ -131,7 +138,8 @@ def rollout(
     runners are an `ActorGraph` without learners: Ray actors, or with `runtime.backend: inline` plain
     objects in this process. Returns a summary: path, episodes, transitions, mean_return, producer,
     and `mean_<name>` for each task metric the env reports (mean_success from is_success;
-    `aa_ray.envs.info_metrics`)."""
+    `aa_ray.envs.info_metrics`). `trust_code`: run the code the checkpoint's stored spec names
+    beyond what `spec` names (`aa_ray.spec.trust`)."""
     from aa_ray.envs import env_dims
     from aa_ray.envs.info_metrics import metric_name
     from aa_ray.runtime import cluster
@@ -148,7 +156,7 @@ def rollout(
         check_scripted(spec)
         producer = "scripted"
     else:
-        spec, policy_state = policy_from_checkpoint(spec, checkpoint)
+        spec, policy_state = policy_from_checkpoint(spec, checkpoint, trust_code)
         producer = str(Path(checkpoint).resolve())
     meta = dataset_meta(spec, producer)
     writer = open_writer(spec, out, meta, dataset_format, dataset_id)

@@ -28,6 +28,7 @@ from aa_ray.algos.registry import ALGORITHMS, migrate_old_knobs
 from aa_ray.data.value_checks import first_bad_value
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import SpecError, flatten, spec_to_dict, spec_yaml, validate_spec
+from aa_ray.spec.trust import refuse_untrusted_code
 
 FORMAT_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
@@ -171,17 +172,25 @@ def _todays_env_section(payload: dict[str, Any]) -> None:
             env.setdefault(key, value)
 
 
-def checkpoint_spec(payload: dict[str, Any]) -> ExperimentSpec:
+def checkpoint_spec(payload: dict[str, Any], *, trust_code: bool) -> ExperimentSpec:
+    """The spec stored in a checkpoint, validated. Validating imports the code it names, so a spec
+    that names any is refused first (`spec.trust.UntrustedCodeError`) unless `trust_code`: the
+    caller says whether the checkpoint is the user's own (a run reading its own checkpoints) or a
+    file the user merely passed."""
+    stored = payload.get("spec")
+    if isinstance(stored, dict):
+        refuse_untrusted_code(stored, f"checkpoint {payload['folder']}", trust_code, instead=(
+            "A policy can also be loaded with your own env: load_policy(checkpoint, env_creator=...)."))
     try:
         return validate_spec(payload["spec"], source=f"stored in checkpoint {payload['folder']}")
     except SpecError as err:
         raise CheckpointError(str(err)) from None
 
 
-def checkpoint_policy(payload: dict[str, Any]) -> tuple[ExperimentSpec, dict[str, torch.Tensor]]:
+def checkpoint_policy(payload: dict[str, Any], *, trust_code: bool) -> tuple[ExperimentSpec, dict[str, torch.Tensor]]:
     """The spec a checkpoint was trained with and its acting policy's weights (CheckpointError if
-    it holds none)."""
-    trained = checkpoint_spec(payload)
+    it holds none; UntrustedCodeError as `checkpoint_spec`)."""
+    trained = checkpoint_spec(payload, trust_code=trust_code)
     try:
         state = payload["learner"]["algo"]["policy"]
     except (KeyError, TypeError):

@@ -170,8 +170,10 @@ class RunRecord:
         tracking = self.spec.tracking
         wanted: list[tuple[str, int, Callable[[], dict[str, Any]], str | None]] = []
         if tracking.log_model:
-            wanted.append((FINAL_MODEL, self.last_step, lambda: checkpoint_policy(load_checkpoint(final))[1],
-                           tracking.register_model))
+            def final_policy() -> dict[str, Any]:  # the run's own checkpoint: the code it names is the run's
+                return checkpoint_policy(load_checkpoint(final), trust_code=True)[1]
+
+            wanted.append((FINAL_MODEL, self.last_step, final_policy, tracking.register_model))
         if self.best is not None:
             best = self.best
             wanted.append((BEST_MODEL, best.env_steps, lambda: best.state, None))

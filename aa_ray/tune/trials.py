@@ -119,7 +119,7 @@ def rollout_trial(config: dict[str, Any]) -> None:
     summary = rollout(
         spec, config["out"], config["episodes"], checkpoint=config["checkpoint"], scripted=config["scripted"],
         deterministic=config["deterministic"], report=print, dataset_format=config.get("format", "parquet"),
-        dataset_id=config.get("dataset_id"),
+        dataset_id=config.get("dataset_id"), trust_code=True,  # the policy is a train stage's of this pipeline
     )
     tracking = config["tracking"]
     if tracking:
