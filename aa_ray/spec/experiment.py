@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
+    AfterValidator,
+    BeforeValidator,
     Field,
     NonNegativeFloat,
     NonNegativeInt,
@@ -34,7 +37,142 @@ def _own_or_plugin_algo(value: Any, validate_own: ValidatorFunctionWrapHandler) 
     if isinstance(value, dict) and isinstance(value.get("name"), str) and value["name"] not in ALGORITHMS:
         entry, module = find_plugin(value["name"], value.get("plugin"))
         return entry.config.model_validate({**value, "plugin": module})
+    if isinstance(value, dict) and value.get("name") in ALGORITHMS and value.get("plugin") is not None:
+        # the union would validate the section as aa-ray's own and keep the module name, unused
+        raise ValueError(
+            f"algo.plugin: names a module of your own algorithm, but algo.name {value['name']} is aa-ray's own, "
+            "which never reads it; remove algo.plugin to train aa-ray's, or set algo.name to the name your "
+            "plugin's config declares"
+        )
     return validate_own(value)
+
+
+# ---- values that go beyond what pydantic's types bound -------------------------------------------
+# Every consumer of the seed takes a signed 64-bit integer at most (numpy's SeedSequence takes any
+# size, torch's generators an unsigned 64-bit one, but checkpoints, MLflow params and evaluation's
+# generators store it as int64), so a larger one would train and then fail in eval or export.
+MAX_SEED = 2**63 - 1
+
+
+def _seed_in_range(value: Any) -> Any:
+    # before the strict int check, which says only "a valid integer" of a value past 64 bits
+    if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= MAX_SEED:
+        raise ValueError(
+            f"must be 0 to 2^63 - 1 ({MAX_SEED}): the seed is passed on as a signed 64-bit integer (torch "
+            "generators, checkpoints, MLflow), and a larger one fails in eval and export after training"
+        )
+    return value
+
+
+Seed = Annotated[NonNegativeInt, BeforeValidator(_seed_in_range)]
+
+# Timers and waits longer than this are a typo, not a plan: threading's timers overflow near 1e10 s
+# (TIMEOUT_MAX), which kills the thread that holds them (the metrics' outbox, the stop timer).
+MAX_WAIT_S = 3600.0
+
+
+def _an_hour_at_most(why: str) -> Callable[[float], float]:
+    def check(value: float) -> float:
+        if value > MAX_WAIT_S:
+            raise ValueError(f"must be at most {MAX_WAIT_S:g} seconds (an hour): {why}")
+        return value
+
+    return check
+
+
+def _folder_path(value: str) -> str:
+    """A path that becomes a folder: no NUL byte (no file system takes one; Python raises deep inside
+    the run), and a leading ~ expanded to the home folder as a shell would, since nothing later does
+    and a folder literally named '~' in the current folder is a classic trap."""
+    if "\0" in value:
+        raise ValueError("contains a NUL byte (\\0), which no file system allows in a path; remove it")
+    if value.startswith("~"):
+        expanded = os.path.expanduser(value)
+        if expanded.startswith("~"):
+            raise ValueError(
+                f"starts with '~', which names no home folder here ({value.split('/')[0]!r}); write the full path, "
+                "or './~...' for a folder that is really named '~'"
+            )
+        return expanded
+    return value
+
+
+FolderPath = Annotated[str, AfterValidator(_folder_path)]
+"""A spec path that becomes a folder (runtime.output_dir, a sweep's, suite's or pipeline's storage):
+NUL bytes refused, a leading ~ expanded (os.path.expanduser)."""
+
+
+def _non_finite_in(value: Any, where: str) -> str | None:
+    """Where in a nested value of lists and mappings a float is inf or nan (None if nowhere)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where} is {value}"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else ()
+    for key, child in items:
+        found = _non_finite_in(child, f"{where}[{key!r}]")
+        if found:
+            return found
+    return None
+
+
+# A package folder Ray uploads (zipped) to every worker: its upload limit is 512 MiB and it warns at
+# half that; a folder past either bound is not the package meant (a home folder, a data folder).
+MAX_PY_MODULE_BYTES = 256 << 20
+MAX_PY_MODULE_FILES = 20_000
+
+
+def _not_a_root_or_home(path: str) -> str:
+    """An env.py_modules entry (a `FolderPath`: NUL refused, ~ expanded) that cannot be a package folder
+    anywhere: a file system root or the home folder, which Ray would upload whole to every worker."""
+    if not path.strip():
+        raise ValueError("an empty path names the current folder; name the package folder itself")
+    full = os.path.realpath(path)
+    if os.path.dirname(full) == full or full == os.path.realpath(os.path.expanduser("~")):
+        raise ValueError(
+            f"{path!r} is {'a file system root' if os.path.dirname(full) == full else 'your home folder'}: Ray would "
+            "zip and upload all of it to every worker; name the package folder itself (the one with __init__.py)"
+        )
+    return path
+
+
+def check_py_modules_here(py_modules: list[str]) -> None:
+    """ValueError unless each env.py_modules entry is a folder on this machine of a size to ship. Only
+    where the spec was written: a Ray worker, a trial or a resumed checkpoint elsewhere gets the
+    package through Ray's runtime env, not from this path."""
+    for i, path in enumerate(py_modules):
+        if not os.path.isdir(path):
+            what = "is a file, not a folder" if os.path.exists(path) else "does not exist"
+            raise ValueError(
+                f"env.py_modules.{i}: {path!r} {what} (from {os.getcwd()}); name a local package folder (one with "
+                "__init__.py), relative to the folder aa-ray runs in, or remove it if the package is installed"
+            )
+        files, size = _folder_size(os.path.realpath(path))
+        if files > MAX_PY_MODULE_FILES or size > MAX_PY_MODULE_BYTES:
+            raise ValueError(
+                f"env.py_modules.{i}: {path!r} holds more than {MAX_PY_MODULE_FILES:,} files or "
+                f"{MAX_PY_MODULE_BYTES >> 20} MiB, which Ray would zip and upload to every worker (its limit is "
+                "512 MiB); name the package folder itself, and keep data and checkpoints out of it"
+            )
+
+
+def _folder_size(root: str) -> tuple[int, int]:
+    """(files, bytes) under a folder, counting stopped once either passes its bound (links not followed)."""
+    files = size = 0
+    folders = [root]
+    while folders and files <= MAX_PY_MODULE_FILES and size <= MAX_PY_MODULE_BYTES:
+        try:
+            entries = list(os.scandir(folders.pop()))
+        except OSError:
+            continue  # an unreadable folder is Ray's to report; it adds nothing here
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    folders.append(entry.path)
+                else:
+                    files += 1
+                    size += entry.stat(follow_symlinks=False).st_size
+            except OSError:
+                continue
+    return files, size
 
 
 OwnAlgoConfig = Union[tuple(entry.config for entry in ALGORITHMS.values())]  # noqa: UP007
@@ -57,9 +195,10 @@ class EnvSpec(SpecModel):
         description="modules imported before the env is made, in the driver and in every process that makes it "
         "(e.g. the package that registers your env ids)",
     )
-    py_modules: list[str] = Field(
+    py_modules: list[Annotated[FolderPath, AfterValidator(_not_a_root_or_home)]] = Field(
         default_factory=list,
-        description="local package folders your env needs (each a folder with __init__.py): put on the import path "
+        description="local package folders your env needs (each a folder with __init__.py; a leading ~ is the home "
+        "folder): they must exist where the spec is run or validated, under 256 MiB, and are put on the import path "
         "here and shipped to "
         "every Ray worker (Ray's runtime_env py_modules), so code that exists only on this machine trains on a cluster",
     )
@@ -73,6 +212,18 @@ class EnvSpec(SpecModel):
     max_episode_steps: PositiveInt | None = Field(
         None, description="override the registered time limit (null keeps it)"
     )
+
+    @field_validator("kwargs")
+    @classmethod
+    def _finite_kwargs(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        # the spec's floats refuse inf and nan; kwargs hold any value, so they are looked through here
+        found = _non_finite_in(kwargs, "kwargs")
+        if found:
+            raise ValueError(
+                f"{found}: a spec's numbers must be finite (YAML's .inf and .nan, and a number too large for a "
+                "float, are refused everywhere); give the env a finite value, or leave the keyword out for its default"
+            )
+        return kwargs
 
     @model_validator(mode="before")
     @classmethod
@@ -273,7 +424,10 @@ class CheckpointSpec(SpecModel):
 class TrackingSpec(SpecModel):
     enabled: bool = Field(True, description="record the run in MLflow")
     experiment: str = Field("aa-ray", min_length=1, description="MLflow experiment name")
-    flush_every_s: PositiveFloat = Field(10.0, description="send buffered metrics at most this often")
+    flush_every_s: Annotated[PositiveFloat, AfterValidator(_an_hour_at_most(
+        "metrics wait in the outbox this long before they are sent, so a longer wait loses them to any crash, and "
+        "one past threading's limit kills the outbox thread (every metric lost, the run hanging after SIGTERM)"
+    ))] = Field(10.0, description="send buffered metrics at most this often (an hour at most)")
     log_model: bool = Field(
         True,
         description="log the final policy as an MLflow Model named policy (PyTorch and pyfunc flavors, a signature "
@@ -342,13 +496,21 @@ class RuntimeSpec(SpecModel):
         description="write trace.json (the driver's phases and Ray's timeline of every actor call, Chrome-trace "
         "format: open it in ui.perfetto.dev) into the run folder and log it to MLflow",
     )
-    output_dir: str = Field("runs", min_length=1, description="where run folders and checkpoints go")
-    stop_grace_s: PositiveFloat = Field(
+    output_dir: FolderPath = Field(
+        "runs", min_length=1,
+        description="where run folders and checkpoints go; a leading ~ is the home folder (write ./~ for a folder "
+        "named ~)",
+    )
+    stop_grace_s: Annotated[PositiveFloat, AfterValidator(_an_hour_at_most(
+        "it is how long a stopped run may take to end, and schedulers kill a job within seconds to minutes of "
+        "SIGTERM; a longer grace only keeps a stuck run alive (and past threading's limit the timer cannot start)"
+    ))] = Field(
         25.0,
         description="after SIGTERM or SIGINT (a preemption notice, `ray job stop`, Ctrl-C) the driver ends its "
         "iteration, writes a checkpoint and exits with code 75; if it has not within this many seconds it exits at "
         "once, keeping its last checkpoint. Keep it under the grace period before SIGKILL (Kubernetes 30 s, SLURM's "
-        "KillWait 30 s, GCP spot 30 s; `ray job stop` waits RAY_JOB_STOP_WAIT_TIME_S, 3 s unless the cluster sets it)",
+        "KillWait 30 s, GCP spot 30 s; `ray job stop` waits RAY_JOB_STOP_WAIT_TIME_S, 3 s unless the cluster sets it); "
+        "an hour at most",
     )
     resource_timeout_s: PositiveFloat = Field(
         60.0, description="fail if the cluster cannot place the actors within this time"
@@ -367,8 +529,9 @@ class RuntimeSpec(SpecModel):
 
 class ExperimentSpec(SpecModel):
     name: SafeName = Field(description="the experiment's name: its run folders, MLflow runs and progress panel show it")
-    seed: NonNegativeInt = Field(
-        0, description="the root of every random stream (aa_ray.seeding): envs, exploration, replay, network init"
+    seed: Seed = Field(
+        0, description="the root of every random stream (aa_ray.seeding): envs, exploration, replay, network init; "
+        "0 to 2^63 - 1"
     )
     env: EnvSpec
     algo: AlgoConfig
@@ -390,6 +553,15 @@ class ExperimentSpec(SpecModel):
             )
         from aa_ray.envs.symmetry import MIRRORS, find_mirror  # after _importable: aa_ray.envs loads MuJoCo
 
+        for field in ("actor_obs", "critic_obs"):
+            if getattr(self.algo, field, None) == []:
+                reads = "the deployed policy" if field == "actor_obs" else "the critic"
+                raise ValueError(
+                    f"algo.{field}: [] gives {reads} no observation at all; list the Dict observation's keys it "
+                    "reads, or leave it out (null: every key)"
+                )
+        if self.prior_data is not None and "\0" in self.prior_data:
+            raise ValueError("algo.prior_data: contains a NUL byte (\\0), which no file system allows in a path")
         sym_aug = getattr(self.algo, "sym_aug", False)
         # a mirror the spec names is checked (an involution, ...) even while sym_aug is off
         mirror = find_mirror(self.env) if sym_aug or self.env.mirror is not None else None
@@ -428,3 +600,38 @@ class ExperimentSpec(SpecModel):
         if self.algo.replay_actor:
             learners[0]["CPU"] += self.runtime.replay_cpus
         return learners + runners
+
+
+# ---- what only the machine the spec was written on can check ---------------------------------------
+def check_here(spec: ExperimentSpec) -> None:
+    """What `aa-ray run` would fail on before it starts anything, beyond what the model checks wherever a
+    spec is validated (Ray workers, trials, a checkpoint's stored spec): the env.py_modules folders exist
+    here, at a size to ship; budget.stop_at names a metric the evaluations produce; the mirror of
+    algo.sym_aug fits the env's observations and actions. Both `aa-ray validate` and `aa-ray run` call
+    it through `loader.load_spec`. The env is made only for the last two, and only where they apply.
+    ValueError naming the field."""
+    check_py_modules_here(spec.env.py_modules)
+    _check_stop_metric(spec)
+    if getattr(spec.algo, "sym_aug", False):
+        from aa_ray.envs.make import env_dims
+        from aa_ray.envs.symmetry import sym_aug_mirror
+
+        sym_aug_mirror(spec, *env_dims(spec))
+
+
+def _check_stop_metric(spec: ExperimentSpec) -> None:
+    # the rule runtime/cadence.check_stop_metric applies when the run starts (the spec cannot import the
+    # runtime); the shorthands are not checked, as an env without their metric skips them
+    rule = spec.budget.stop_at
+    builtin = ("eval/return", "eval/length", "eval/success", "eval/at_env_steps")
+    if rule is None or rule.metric in builtin or rule.metric.removeprefix("eval/") in spec.eval.info_metrics:
+        return
+    from aa_ray.envs.info_metrics import metric_name, task_metric_keys
+
+    produced = [*builtin[:3], *("eval/" + metric_name(key) for key in task_metric_keys(spec))]
+    if rule.metric not in produced:
+        raise ValueError(
+            f"budget.stop_at.metric: the evaluations of {spec.env.id} never produce {rule.metric}, so the run "
+            f"could not stop on it; they produce {', '.join(dict.fromkeys(produced))} (eval/success only where the "
+            "env reports info['is_success']). Name one of those, or list the info key in eval.info_metrics."
+        )

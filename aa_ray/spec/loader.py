@@ -17,7 +17,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from aa_ray.algos.registry import ALGORITHMS, RENAMED_KNOBS
 from aa_ray.errors import SpecError, clip, echo
 from aa_ray.spec import hashed_fields
-from aa_ray.spec.experiment import ExperimentSpec
+from aa_ray.spec.experiment import ExperimentSpec, check_here
 from aa_ray.spec.yaml_files import parse_yaml, read_yaml_file
 
 __all__ = ["SpecError", "load_spec", "validate_spec"]
@@ -95,19 +95,33 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def validate_spec(raw: Mapping[str, Any], source: str = "<spec>") -> ExperimentSpec:
+def validate_spec(raw: Mapping[str, Any], source: str = "<spec>", here: bool = False) -> ExperimentSpec:
+    """The validated spec, or SpecError in one paragraph. `here`: the spec was just written on this
+    machine (a file, an override, a sweep's or suite's or pipeline's spec), so also check what the run
+    would fail on before starting anything (`experiment.check_here`: local package folders, the stop
+    metric, the mirror's size); a spec revalidated in a worker, a trial or from a checkpoint leaves it."""
     try:
-        return ExperimentSpec.model_validate(raw)
+        spec = ExperimentSpec.model_validate(raw)
     except ValidationError as err:
         raise SpecError(format_validation_error(err, source)) from None
+    if here:
+        try:
+            check_here(spec)
+        except ValueError as err:  # SpecError included: the env layer's checks raise it
+            raise SpecError(
+                f"Invalid spec {clip(source, 1000)}:\n  {clip(str(err), 1000)}\n"
+                "Fix the field(s) named above in the file or the --set override."
+            ) from None
+    return spec
 
 
 def load_spec(path: str | Path, overrides: Iterable[str] = ()) -> ExperimentSpec:
-    """Read, override and validate a spec file. Raises SpecError with a user-facing message."""
+    """Read, override and validate a spec file, and check it as `aa-ray run` would before starting
+    anything (`validate_spec(..., here=True)`). Raises SpecError with a user-facing message."""
     overrides = list(overrides)
     raw = apply_overrides(read_yaml(path), overrides)
     source = str(path) + (f" with --set {' '.join(overrides)}" if overrides else "")
-    return validate_spec(raw, source)
+    return validate_spec(raw, source, here=True)
 
 
 def spec_to_dict(spec: ExperimentSpec) -> dict[str, Any]:

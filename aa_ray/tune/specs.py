@@ -5,6 +5,7 @@ stage references must name earlier outputs, and the stages must not form a cycle
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -14,7 +15,7 @@ from pydantic import AfterValidator, Field, NonNegativeInt, PositiveFloat, Posit
 from aa_ray import metric_names as m
 from aa_ray.errors import echo
 from aa_ray.spec.base import SpecModel
-from aa_ray.spec.experiment import ExperimentSpec
+from aa_ray.spec.experiment import ExperimentSpec, FolderPath, Seed
 from aa_ray.spec.loader import SpecError, format_validation_error, read_yaml, set_values, validate_spec
 from aa_ray.spec.names import MAX_NAME_LENGTH, SafeName
 
@@ -25,6 +26,9 @@ STORAGE_HELP = (
 # What trials report and a sweep may optimize, besides the env's task metrics (eval/<key> and train/<key>,
 # aa_ray/envs/info_metrics.py); eval/success and train/success exist where the env reports is_success.
 SWEEP_METRICS = (m.EVAL_RETURN, m.EVAL_SUCCESS, m.EVAL_LENGTH, m.TRAIN_EPISODE_RETURN, m.TRAIN_SUCCESS)
+# Trials a sweep may expand to: each is a run with its own checkpoints and MLflow run, and Tune keeps
+# every one in memory; checking the grid of a million took minutes before it was accepted.
+MAX_TRIALS = 10_000
 
 
 # ---- sweeps ------------------------------------------------------------------------------------
@@ -85,7 +89,7 @@ class SweepSpec(SpecModel):
     scheduler: Literal["fifo", "asha"] = Field("fifo", description="asha stops weak trials early")
     asha: AshaSpec | None = None
     searcher: Literal["random", "optuna"] = Field("random", description="random: Tune's grid/random variants")
-    storage: str | None = Field(None, description=STORAGE_HELP)
+    storage: FolderPath | None = Field(None, description=STORAGE_HELP)
 
     @model_validator(mode="after")
     def _combinations(self) -> SweepSpec:
@@ -95,6 +99,14 @@ class SweepSpec(SpecModel):
             grids = [key for key, domain in self.search_space.items() if domain.grid is not None]
             if grids:
                 raise ValueError(f"searcher optuna cannot search grids ({', '.join(grids)}); use choice")
+        trials = self.num_samples * math.prod(len(d.grid) for d in self.search_space.values() if d.grid is not None)
+        if trials > MAX_TRIALS:
+            sizes = " x ".join(f"{len(d.grid)} ({key})" for key, d in self.search_space.items() if d.grid is not None)
+            raise ValueError(
+                f"search_space: the grids cross to {trials:,} trials (num_samples {self.num_samples} x {sizes}), more "
+                f"than the {MAX_TRIALS:,} a sweep may run (each trial is a run of its own); shorten the grids, or "
+                "draw values with choice, uniform or loguniform and set num_samples"
+            )
         return self
 
 
@@ -104,9 +116,9 @@ class Sweep:
     def __init__(self, spec: SweepSpec, base_raw: dict[str, Any], path: Path):
         self.spec, self.base_raw, self.path = spec, base_raw, path
 
-    def trial_spec(self, params: dict[str, Any]) -> ExperimentSpec:
+    def trial_spec(self, params: dict[str, Any], here: bool = False) -> ExperimentSpec:
         raw = set_values(self.base_raw, params, source=f"sweep {self.path} search_space")
-        return validate_spec(raw, source=f"{self.path} trial {params}")
+        return validate_spec(raw, source=f"{self.path} trial {params}", here=here)
 
 
 def _model(model: type[SpecModel], raw: dict[str, Any], source: Path) -> Any:
@@ -123,12 +135,12 @@ def load_sweep(path: str | Path) -> Sweep:
     spec = _model(SweepSpec, read_yaml(path), path)
     base_raw = set_values(read_yaml(path.parent / spec.base), spec.set, source=f"{path} set")
     sweep = Sweep(spec, base_raw, path)
-    base = validate_spec(base_raw, source=f"{path.parent / spec.base} (the base of {path})")
+    base = validate_spec(base_raw, source=f"{path.parent / spec.base} (the base of {path})", here=True)
     _check_metric(spec.metric, base, path)
     for key, domain in spec.search_space.items():
         for value in domain.probe_values():
             try:
-                sweep.trial_spec({key: value})
+                sweep.trial_spec({key: value}, here=True)
             except SpecError as err:
                 raise SpecError(
                     f"{path}: search_space.{key} = {echo(value)} does not make a valid spec.\n{err}"
@@ -188,7 +200,7 @@ class SuiteSpec(SpecModel):
     envs: dict[SuiteEnvId, dict[str, Any]] = Field(
         min_length=1, description="env id -> dotted overrides for that env's runs (e.g. budget.env_steps)"
     )
-    seeds: list[NonNegativeInt] = Field(min_length=1, description="every spec and env runs once per seed")
+    seeds: list[Seed] = Field(min_length=1, description="every spec and env runs once per seed")
     env_steps: PositiveInt = Field(description="each run's budget, unless its env sets budget.env_steps")
     eval: dict[str, Any] = Field(
         default_factory=dict, description="the evaluation protocol of every run: eval.* keys (every_env_steps, ...)"
@@ -199,7 +211,7 @@ class SuiteSpec(SpecModel):
     )
     max_concurrent_trials: PositiveInt = Field(1, description="runs at once")
     max_failures: NonNegativeInt = Field(2, description="retry a failed run from its last checkpoint this often")
-    storage: str | None = Field(None, description=STORAGE_HELP)
+    storage: FolderPath | None = Field(None, description=STORAGE_HELP)
 
     @model_validator(mode="after")
     def _distinct_seeds(self) -> SuiteSpec:
@@ -230,6 +242,7 @@ def load_suite(path: str | Path) -> Suite:
     spec = _model(SuiteSpec, read_yaml(path), path)
     protocol = {f"eval.{key}": value for key, value in spec.eval.items()}
     cells: dict[str, dict[str, Any]] = {}
+    folders: dict[str, str] = {}  # a cell's folder name, casefolded (macOS and Windows) -> the cell
     for label, entry in spec.specs.items():
         entry = entry if isinstance(entry, SuiteEntry) else SuiteEntry(spec=entry)
         spec_file = entry.spec
@@ -237,10 +250,21 @@ def load_suite(path: str | Path) -> Suite:
         for env_id, env_overrides in spec.envs.items():
             for seed in spec.seeds:
                 name = cell_name(label, env_id, seed)
+                if name.casefold() in folders:  # one would silently overwrite the other's runs and results
+                    other = cells[folders[name.casefold()]]
+                    raise SpecError(
+                        f"{path}: envs: spec {label!r} with env {env_id!r} and spec {other['label']!r} with env "
+                        f"{other['env']!r} make the same cell folder {name!r} ('/' becomes '_', and case is not "
+                        "told apart on every file system), so one would be lost; give each env id once, and labels "
+                        "that do not run into env ids."
+                    )
+                folders[name.casefold()] = name
                 values = {**spec.set, **entry.set, **protocol, "env.id": env_id, "seed": seed,
                           "budget.env_steps": spec.env_steps, **env_overrides}
                 raw = set_values(base, values, source=f"{path} ({name})")
-                validate_spec(raw, source=f"{path} cell {name} ({spec_file} with env {env_id}, seed {seed})")
+                # the seed changes nothing check_here looks at: the first seed's cell stands for the others
+                validate_spec(raw, source=f"{path} cell {name} ({spec_file} with env {env_id}, seed {seed})",
+                              here=seed == spec.seeds[0])
                 cells[name] = {"label": label, "env": env_id, "seed": seed, "raw": raw}
     references = spec.references and path.parent / spec.references
     if references and not references.is_file():
@@ -307,7 +331,7 @@ class PipelineSpec(SpecModel):
         min_length=1, description="stage name (part of its folder's name) -> stage; run in dependency order"
     )
     max_failures: NonNegativeInt = Field(0, description="retry a failed stage from its last checkpoint this often")
-    storage: str | None = Field(None, description=STORAGE_HELP)
+    storage: FolderPath | None = Field(None, description=STORAGE_HELP)
 
 
 class Pipeline:
@@ -354,11 +378,28 @@ def load_pipeline(path: str | Path) -> Pipeline:
             raw = set_values(raws[parse_reference(stage.policy)[0]], stage.set, source=f"{path} stage {name} set")
         if isinstance(stage, TrainStage):  # placeholders now; the real paths once the inputs exist
             placeholders = set_values(raw, {key: f"<{reference}>" for key, reference in stage.inputs.items()})
-            checked[name] = validate_spec(placeholders, source=f"{path} stage {name!r} ({stage.spec}, set, inputs)")
+            checked[name] = validate_spec(
+                placeholders, source=f"{path} stage {name!r} ({stage.spec}, set, inputs)", here=True
+            )
         else:
-            checked[name] = validate_spec(raw, source=f"{path} stage {name!r}")
+            checked[name] = validate_spec(raw, source=f"{path} stage {name!r}", here=True)
+            if stage.scripted:
+                _check_scripted(checked[name], name, path)
         raws[name] = raw
     return Pipeline(spec, path, order, raws, checked)
+
+
+def _check_scripted(spec: ExperimentSpec, stage: str, path: Path) -> None:
+    """SpecError unless the stage's env has a scripted controller (what the rollout looks up when it starts)."""
+    from aa_ray.data.scripted import scripted_controllers
+
+    controllers = scripted_controllers()
+    if spec.env.id not in controllers:
+        raise SpecError(
+            f"{path}: stage {stage!r} scripted: true acts with the env's scripted controller, and env "
+            f"{spec.env.id!r} has none (envs with one: {', '.join(controllers)}); roll out a trained policy "
+            "instead (policy: STAGE.checkpoint), or use an env with a controller."
+        )
 
 
 def _dependency_order(spec: PipelineSpec, path: Path) -> list[str]:
