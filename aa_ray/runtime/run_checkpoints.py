@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +32,12 @@ from aa_ray.spec.experiment import ExperimentSpec
 
 
 class RunCheckpoints:
-    def __init__(self, spec: ExperimentSpec, run_dir: Path, phases: Phases):
+    def __init__(self, spec: ExperimentSpec, run_dir: Path, phases: Phases,
+                 writing: Callable[[], AbstractContextManager[Any]] = nullcontext):
         self.spec, self.folder, self.phases = spec, run_dir / "checkpoints", phases
         self.last: Path | None = None  # the newest checkpoint this run wrote
+        # around each write and prune: `StopSignals.writing`, so an immediate stop lets them complete
+        self.writing = writing
 
     def save(self, name: str, graph: ActorGraph, state: DriverState, mlflow_run_id: str | None) -> Path:
         """Everything a bit-exact resume needs (sync mode): learner, replay, runners and the driver's
@@ -46,15 +51,16 @@ class RunCheckpoints:
                 "runners": actors["runners"],
                 "mlflow_run_id": mlflow_run_id,
             }
-            try:
-                self.last = save_checkpoint(self.folder / name, self.spec, payload, actors["replay_table"])
-            except CheckpointWriteError as err:
-                raise TrainingError(
-                    f"{err}. The run stopped (training on with nowhere to save it would only lose more): free "
-                    f"space, keep fewer checkpoints (checkpoint.keep_last) or set runtime.output_dir to a larger "
-                    f"disk, then continue it with: aa-ray run SPEC --resume latest"
-                ) from None
-            self._keep_newest()
+            with self.writing():
+                try:
+                    self.last = save_checkpoint(self.folder / name, self.spec, payload, actors["replay_table"])
+                except CheckpointWriteError as err:
+                    raise TrainingError(
+                        f"{err}. The run stopped (training on with nowhere to save it would only lose more): free "
+                        f"space, keep fewer checkpoints (checkpoint.keep_last) or set runtime.output_dir to a larger "
+                        f"disk, then continue it with: aa-ray run SPEC --resume latest"
+                    ) from None
+                self._keep_newest()
             return self.last
 
     def _keep_newest(self) -> None:

@@ -107,14 +107,14 @@ class Trainer:
         self.state = DriverState.fresh(spec, reports=reporter is not None)
         self.record = RunRecord(spec, self.run_dir, self.phases, spec.tracking.enabled if track is None else track,
                                 live, context)
-        self.checkpoints = RunCheckpoints(spec, self.run_dir, self.phases)
+        self.stop_signals = StopSignals(spec.runtime.stop_grace_s)
+        self.checkpoints = RunCheckpoints(spec, self.run_dir, self.phases, writing=self.stop_signals.writing)
         self.health = HealthChecks(spec)
         self.metrics = RunMetrics(run_tag(spec))  # Ray metrics from the driver (Grafana)
         self.graph: ActorGraph | None = None  # made by run(), with its recovery
         self.recovery: Recovery | None = None
         self.last_metrics: dict[str, float] = {}
         self.video_unavailable = False  # set once rendering failed (eval.video)
-        self.stop_signals = StopSignals(spec.runtime.stop_grace_s)
 
     @property
     def reports(self) -> bool:

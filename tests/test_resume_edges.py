@@ -1,0 +1,112 @@
+"""The edges of stopping and resuming a run (issue 34, item 5): real signals to a real `aa-ray run`
+process, a checkpoint whose replay file is gone, `--resume latest` after the algo changed, an MLflow
+store that cannot be written, MuJoCo's model warnings. Runs use the inline backend (no Ray) and
+tiny networks: each subprocess is a few seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from aa_ray.runtime.checkpoint import REPLAY_FILE, load_checkpoint
+from aa_ray.runtime.stop_signals import StopSignals
+
+SPEC = Path(__file__).resolve().parents[1] / "specs" / "sac.yaml"
+TINY = [
+    "runtime.backend=inline", "algo.actor_hidden_dims=[32,32]", "algo.critic_hidden_dims=[32,32]",
+    "algo.batch_size=32", "algo.warm_up_steps=200", "eval.episodes=1", "eval.every_env_steps=300",
+    "checkpoint.every_env_steps=300", "budget.env_steps=600",
+]
+
+
+def command(*extra: str, sets: list[str] = TINY) -> list[str]:
+    return [sys.executable, "-m", "aa_ray.cli", "run", str(SPEC), "--plain",
+            *[arg for item in sets for arg in ("--set", item)], *extra]
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.001)
+
+
+def complete(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.glob("runs/*/checkpoints/*") if not p.name.endswith((".partial", ".previous")))
+
+
+# ---- signals ------------------------------------------------------------------------------------
+
+def test_a_repeated_sigterm_is_one_notice_and_a_second_sigint_stops_at_once() -> None:
+    """In this process, with real signals: SIGTERM twice asks once (a scheduler may send its notice
+    again), Ctrl-C after it stops at once, and inside a checkpoint write the stop waits for the write."""
+    stops = StopSignals(grace_s=60)
+    with stops.installed():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)
+        except KeyboardInterrupt:
+            pytest.fail("a repeated SIGTERM stopped at once")
+        assert stops.received == "SIGTERM"
+        written = []
+        with pytest.raises(KeyboardInterrupt, match="second stop signal"), stops.writing():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)
+            written.append("the rest of the write")
+        assert written
+        with pytest.raises(KeyboardInterrupt, match="SIGINT"):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)
+
+
+def run_in_background(folder: Path, *sets: str) -> subprocess.Popen[str]:
+    run = subprocess.Popen(command(sets=[*TINY, *sets]), cwd=folder, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    # the run folder's spec.yaml is written once the actors are up, just before training starts
+    wait_for(lambda: any(folder.glob("runs/*/spec.yaml")) or run.poll() is not None, "the run to start")
+    assert run.poll() is None, run.communicate()[1][-3000:]
+    time.sleep(1.0)
+    return run
+
+
+def test_two_sigterms_stop_once_with_a_checkpoint(tmp_path: Path) -> None:
+    """A preemption notice sent twice, 0.1 s apart: one graceful stop (checkpoint, exit 75)."""
+    run = run_in_background(tmp_path, "budget.env_steps=100000", "checkpoint.every_env_steps=100000")
+    run.send_signal(signal.SIGTERM)
+    time.sleep(0.1)
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 75, err[-3000:]
+    [event] = [json.loads(line) for line in next(tmp_path.glob("runs/*/events.jsonl")).read_text().splitlines()]
+    assert event["event"] == "preempted" and event["signal"] == "SIGTERM"
+    assert load_checkpoint(event["checkpoint"])["counters"]["env_steps"] > 0
+
+
+def test_ctrl_c_during_the_checkpoint_write_leaves_it_whole(tmp_path: Path) -> None:
+    """SIGTERM, then SIGINT while the checkpoint it asked for is being written (large networks make
+    the write long enough to land in): the run stops at once (130), after the write is complete."""
+    big = "[1024,1024]"
+    run = run_in_background(tmp_path, "budget.env_steps=100000", "checkpoint.every_env_steps=100000",
+                            "algo.warm_up_steps=90000", f"algo.actor_hidden_dims={big}",
+                            f"algo.critic_hidden_dims={big}")
+    run.send_signal(signal.SIGTERM)
+    wait_for(lambda: any(tmp_path.glob("runs/*/checkpoints/*.partial")) or run.poll() is not None,
+             "the checkpoint write to start")
+    run.send_signal(signal.SIGINT)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 130, err[-3000:]
+    assert "Traceback" not in err
+    assert not list(tmp_path.glob("runs/*/checkpoints/*.partial"))
+    [checkpoint] = complete(tmp_path)
+    assert (checkpoint / REPLAY_FILE).is_file() and load_checkpoint(checkpoint)["counters"]["env_steps"] > 0
+    assert f"last checkpoint: {checkpoint.relative_to(tmp_path)}" in err
