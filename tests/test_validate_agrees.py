@@ -17,6 +17,7 @@ from aa_ray.cli import main
 from aa_ray.spec.loader import SpecError, load_spec, validate_spec
 
 USER_ENVS = Path(__file__).resolve().parent / "user_envs"
+AA_RAY = str(Path(sys.executable).parent / "aa-ray")  # the installed command, as a user runs it
 MINIMAL = """\
 name: t
 env: {id: Pendulum-v1}
@@ -92,12 +93,12 @@ def test_a_leading_tilde_is_the_home_folder(tmp_path: Path) -> None:
 # ---- through the command line: validate and run refuse alike, exit code 2 -----------------------------
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "aa_ray.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
+    return subprocess.run([AA_RAY, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
 
 
 @pytest.mark.parametrize(("command", "overrides", "field"), [
     ("validate", ["budget.stop_at={metric: eval/distance, below: 0.01}"], "budget.stop_at.metric"),
+    ("validate", ["tracking.flush_every_s=1e10"], "tracking.flush_every_s"),
     ("run", [f"env.py_modules=[{USER_ENVS / 'myenvs'}]", "env.mirror=myenvs.point:MIRROR", "algo.sym_aug=true"],
      "algo.sym_aug"),
     ("run", ["env.kwargs={g: .inf}"], "env.kwargs"),
