@@ -133,6 +133,9 @@ TUNE_CASES = [
     ("NUL in a sweep's storage", "sweep.yaml",
      'name: w\nbase: base.yaml\nstorage: "tune\\0x"\nsearch_space: {algo.actor_lr: {grid: [0.001]}}\n',
      "storage: contains a NUL byte"),
+    ("an optuna sweep's seed past 2^32 - 1", "sweep.yaml",
+     f"name: w\nbase: base.yaml\nsearcher: optuna\nset: {{seed: {2**32}}}\n"
+     "search_space: {algo.actor_lr: {choice: [0.001]}}\n", "Optuna takes seeds of 0 to 2^32 - 1"),
     ("inf in a suite's per-env overrides", "suite.yaml",
      "name: s\nspecs: {sac: base.yaml}\nenvs: {Pendulum-v1: {env.kwargs.g: .inf}}\nseeds: [0]\nenv_steps: 1000\n",
      "env.kwargs"),

@@ -29,6 +29,7 @@ SWEEP_METRICS = (m.EVAL_RETURN, m.EVAL_SUCCESS, m.EVAL_LENGTH, m.TRAIN_EPISODE_R
 # Trials a sweep may expand to: each is a run with its own checkpoints and MLflow run, and Tune keeps
 # every one in memory; checking the grid of a million took minutes before it was accepted.
 MAX_TRIALS = 10_000
+MAX_OPTUNA_SEED = 2**32 - 1  # the base's seed seeds Optuna's sampler (tune/sweep.py), a numpy RandomState
 
 
 # ---- sweeps ------------------------------------------------------------------------------------
@@ -137,6 +138,12 @@ def load_sweep(path: str | Path) -> Sweep:
     sweep = Sweep(spec, base_raw, path)
     base = validate_spec(base_raw, source=f"{path.parent / spec.base} (the base of {path})", here=True)
     _check_metric(spec.metric, base, path)
+    if spec.searcher == "optuna" and base.seed > MAX_OPTUNA_SEED:
+        raise SpecError(
+            f"{path}: searcher optuna seeds its sampler with the base's seed, {base.seed}, and Optuna takes seeds of "
+            f"0 to 2^32 - 1 only (numpy's RandomState), so the sweep would fail as it starts; set seed (in the base "
+            "or the sweep's set:) to at most 4294967295."
+        )
     for key, domain in spec.search_space.items():
         for value in domain.probe_values():
             try:
