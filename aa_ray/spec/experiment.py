@@ -48,9 +48,9 @@ def _own_or_plugin_algo(value: Any, validate_own: ValidatorFunctionWrapHandler) 
 
 
 # ---- values that go beyond what pydantic's types bound -------------------------------------------
-# Every consumer of the seed takes a signed 64-bit integer at most (numpy's SeedSequence takes any
-# size, torch's generators an unsigned 64-bit one, but checkpoints, MLflow params and evaluation's
-# generators store it as int64), so a larger one would train and then fail in eval or export.
+# The seed reaches numpy's SeedSequence (any size), torch's generators (64 bits at most: eval and
+# export seed one with the spec's seed itself, so a larger seed trained and then failed there) and
+# 64-bit integer fields; a signed 64-bit integer fits every one of them.
 MAX_SEED = 2**63 - 1
 
 
@@ -58,8 +58,9 @@ def _seed_in_range(value: Any) -> Any:
     # before the strict int check, which says only "a valid integer" of a value past 64 bits
     if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= MAX_SEED:
         raise ValueError(
-            f"must be 0 to 2^63 - 1 ({MAX_SEED}): the seed is passed on as a signed 64-bit integer (torch "
-            "generators, checkpoints, MLflow), and a larger one fails in eval and export after training"
+            f"must be 0 to 2^63 - 1 ({MAX_SEED}), a signed 64-bit integer: the seed reaches numpy, torch's "
+            "generators and 64-bit integer fields, and a larger one does not fit them all (eval and export, which "
+            "seed a torch generator with it, would fail after training)"
         )
     return value
 
