@@ -38,6 +38,7 @@ LEARNER_GRADIENT_UPDATES = "learner/gradient_updates"
 LEARNER_SKIPPED_UPDATES = "learner/skipped_updates"
 LEARNER_CONSECUTIVE_SKIPS = "learner/consecutive_skips"
 LEARNER_COMPILED = "learner/compiled"  # 1 while the update runs compiled (learners.compile)
+LEARNER_BF16 = "learner/bf16"  # 1 while the update's autocast runs bf16 (algo.precision bf16, or auto resolved so)
 LEARNER_LARGEST_VALUE = "learner/largest_value"  # largest |Q| (or |V|) of the last update
 LEARNER_Q_EXPLODING = "learner/q_exploding"
 

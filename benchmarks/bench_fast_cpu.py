@@ -6,10 +6,18 @@ Inductor's cache.
 Run:
     .venv/bin/python benchmarks/bench_fast_cpu.py --part updates   # ~4 minutes on 2 cores, quiet machine
     .venv/bin/python benchmarks/bench_fast_cpu.py --part compile   # ~1.5 minutes
+    .venv/bin/python benchmarks/bench_fast_cpu.py --part precision # ~8 minutes
+
+`--part precision` (issue 34): the fast spec's learner with `algo.precision` bf16, fp32 and auto, and
+SB3's SAC beside them, once on this CPU as it is and once in a process restricted to AVX2 the way a
+CPU without bf16 instructions is (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2, read when torch
+starts, hence one child process per setting). Each child also times a bf16 and an fp32 matmul at the
+spec's width, to show the restriction really makes bf16 slow, and says what `auto` resolved to.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -124,11 +132,70 @@ def part_compile(args) -> dict:
     return {"seconds_to_first_update": {row[0]: row[1] for row in rows}}
 
 
+# the CPU settings `--part precision` runs in, each in its own process: what torch and oneDNN may use
+CPU_SETTINGS: dict[str, dict[str, str]] = {
+    "native": {},
+    "avx2 (no bf16 instructions)": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "aten avx2 only": {"ATEN_CPU_CAPABILITY": "avx2"},
+}
+PRECISIONS = ("bf16", "fp32", "auto")
+
+
+def precision_child(args) -> dict:
+    """In this process's CPU setting: the matmul probe, what auto resolves to, and the fast spec's
+    learner in each precision (compiled, as the spec runs it) beside SB3's SAC, alternating."""
+    from aa_ray.algos.precision import bf16_matmul_speedup, resolve_precision
+
+    torch.set_num_threads(1)
+    speedups = [bf16_matmul_speedup(256, 512, 10) for _ in range(3)]
+    contenders = [(p, learner_rate(FAST, [f"algo.precision={p}"], 1, args.updates)) for p in PRECISIONS]
+    if args.sb3:
+        contenders.insert(0, ("SB3 SAC", sb3_rate(args.updates)))
+    rates = alternate(contenders, args.reps)
+    return {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
+        "bf16_matmul_speedup": statistics.median(speedups),
+        "auto_resolves_to": resolve_precision("auto", torch.device("cpu")),
+        "updates_per_s": {name: statistics.median(r) for name, r in rates.items()},
+        "ratio_vs_fp32": {name: median_ratio(rates, name, "fp32") for name in rates},
+        "ratio_vs_sb3": {name: median_ratio(rates, name, "SB3 SAC") for name in rates} if args.sb3 else {},
+    }
+
+
+def part_precision(args) -> dict:
+    settings = [name for name in CPU_SETTINGS if name in args.settings.split(",") or args.settings == "all"]
+    results = {}
+    for setting in settings:
+        print(f"## {setting}: {CPU_SETTINGS[setting] or 'no restriction'}", flush=True)
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            command = [sys.executable, __file__, "--part", "precision-child", "--reps", str(args.reps),
+                       "--updates", str(args.updates), "--json", out.name, *(["--sb3"] if args.sb3 else [])]
+            subprocess.run(command, env={**os.environ, **CPU_SETTINGS[setting]}, check=True)
+            results[setting] = json.loads(Path(out.name).read_text())
+    rows = [
+        [setting, name, r["updates_per_s"][name], r["ratio_vs_fp32"][name], r["ratio_vs_sb3"].get(name, float("nan")),
+         r["auto_resolves_to"] if name == "auto" else "", r["bf16_matmul_speedup"]]
+        for setting, r in results.items() for name in r["updates_per_s"]
+    ]
+    print_table(["cpu setting", "learner", "updates/s (median)", "ratio vs fp32", "ratio vs SB3", "auto ->",
+                 "bf16 matmul speed-up"], rows)
+    return results
+
+
 def main() -> None:
     parser = base_parser(__doc__, reps=5)
-    parser.add_argument("--part", choices=["updates", "compile"], default="updates")
+    parser.add_argument("--part", choices=["updates", "compile", "precision", "precision-child"], default="updates")
     parser.add_argument("--updates", type=int, default=60, help="updates per timed repetition")
-    run_part(parser.parse_args(), {"updates": part_updates, "compile": part_compile})
+    parser.add_argument("--settings", default="native,avx2 (no bf16 instructions)",
+                        help=f"--part precision: comma-separated names of {list(CPU_SETTINGS)}, or all")
+    parser.add_argument("--sb3", action="store_true", help="--part precision: SB3's SAC update beside them")
+    args = parser.parse_args()
+    if args.part == "precision-child":  # a child of --part precision: results to --json, no machine header
+        payload = precision_child(args)
+        Path(args.json).write_text(json.dumps(payload))
+        return
+    run_part(args, {"updates": part_updates, "compile": part_compile, "precision": part_precision})
 
 
 if __name__ == "__main__":

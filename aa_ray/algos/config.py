@@ -64,7 +64,11 @@ class OffPolicyKnobs(ObservationGroups, AlgorithmSource):
     critic_loss: Literal["mse", "huber"] = Field("mse", description="TD regression loss (scalar critics)")
     huber_delta: PositiveFloat = Field(1.0, description="Huber threshold when critic_loss is huber")
     max_grad_norm: PositiveFloat | None = Field(None, description="clip gradients to this global norm")
-    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="autocast dtype (losses in fp32)")
+    precision: Literal["fp32", "bf16", "fp16", "auto"] = Field(
+        "fp32",
+        description="autocast dtype (losses in fp32); auto = bf16 where the learner's device has it natively (a CPU "
+        "with avx512_bf16 or amx_bf16, a CUDA GPU of compute capability 8.0 or later), else fp32",
+    )
     optimizer: Literal["adam", "muon"] = Field("adam", description="muon: Muon for hidden matrices, AdamW else")
     sym_aug: bool = Field(
         False,

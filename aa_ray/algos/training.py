@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from aa_ray import ddp
+from aa_ray.algos.precision import autocast_dtype, resolve_precision
 from aa_ray.records import Batch
 
 
@@ -22,9 +23,10 @@ def prior_rows(batch_size: int, ratio: float) -> int:
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    if precision == "fp32":
+    """`algo.precision` around a forward: `auto` resolved for `device` (aa_ray/algos/precision.py)."""
+    dtype = autocast_dtype(precision, device)
+    if dtype == torch.float32:
         return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
@@ -46,7 +48,7 @@ class GradientStep:
         self,
         optimizer: torch.optim.Optimizer,  # fused Adam/AdamW or a MuonWithAdamW (the config refuses it with fp16)
         max_grad_norm: float | None,
-        precision: str,
+        precision: str,  # `algo.precision`; `auto` resolves for `device` (never to fp16, so never a scaler)
         device: torch.device,
         average_grads: bool = False,  # for tensors outside DDP modules (SAC's log-temperature)
         project: Callable[[Tensor], None] | None = None,  # after every step, given `step taken` (SimbaV2)
@@ -56,7 +58,8 @@ class GradientStep:
         self.average_grads = average_grads
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.max_grad_norm = max_grad_norm
-        self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
+        # built with the algorithm, on the learner's device: where an explicit bf16 is emulated, this warns
+        self.scaler = torch.amp.GradScaler(device.type) if resolve_precision(precision, device) == "fp16" else None
         self.skipped = torch.zeros((), dtype=torch.int64, device=device)
         self.consecutive_skips = torch.zeros((), dtype=torch.int64, device=device)
 

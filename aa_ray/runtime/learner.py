@@ -29,6 +29,7 @@ import torch.distributed as dist
 from aa_ray import metric_names as m
 from aa_ray import seeding
 from aa_ray.algos.contract import Algorithm, TrainingSetup, diagnostics_to_floats
+from aa_ray.algos.precision import autocast_dtype
 from aa_ray.envs.symmetry import sym_aug_mirror
 from aa_ray.nets.policy import ObsDims
 from aa_ray.records import Batch, LearnerReport, NormMoments, PackedTransitions, ReplaySample, Transitions
@@ -90,6 +91,8 @@ class Learner:
         self.device = learner_device(spec)
         self.compiled = compiles(spec, self.device)
         self.compile_checked = not self.compiled  # the first compiled update is guarded (`_eager_if_compiling_fails`)
+        # what `algo.precision` (auto included) resolves to on this learner's device; a plugin may have no such knob
+        self.bf16 = autocast_dtype(getattr(spec.algo, "precision", "fp32"), self.device) == torch.bfloat16
         self.feed = DeviceFeed(self.device)
         self.family = family_of(spec)
         self.mirror = sym_aug_mirror(spec, self.obs, act_dim)
@@ -219,6 +222,7 @@ class Learner:
         self.weights_version += 1
         info[m.LEARNER_UPDATE_TIME_S] = time.perf_counter() - start
         info[m.LEARNER_COMPILED] = float(self.compiled)
+        info[m.LEARNER_BF16] = float(self.bf16)
         self.metrics.inc("aa_ray_learner_updates", updates)
         self.metrics.set("aa_ray_learner_updates_per_s", updates / max(info[m.LEARNER_UPDATE_TIME_S], 1e-9))
         self.metrics.losses(info)
