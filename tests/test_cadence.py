@@ -12,7 +12,7 @@ from aa_ray.runtime.cadence import BUDGET, TARGET_REACHED, Cadence, check_stop_m
 from aa_ray.runtime.health import HealthChecks
 from aa_ray.runtime.remote import TrainingError
 from aa_ray.runtime.trainer import Trainer
-from aa_ray.spec.loader import SpecError, load_spec
+from aa_ray.spec.loader import SpecError, apply_overrides, load_spec, read_yaml, validate_spec
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 
@@ -86,8 +86,13 @@ def test_a_stop_metric_the_evaluations_never_produce_is_refused_before_the_run_s
     for fine in ("eval/return", "eval/success", "eval/distance"):
         check_stop_metric(spec(f"budget.stop_at={{metric: {fine}, below: 1}}"))
     check_stop_metric(spec("budget.stop_at={metric: eval/error, below: 1}", "eval.info_metrics=[error]"))
-    refused = spec("budget.stop_at={metric: eval/error, below: 1}", "tracking.enabled=false",
-                   "runtime.backend=inline")
+    overrides = ["budget.stop_at={metric: eval/error, below: 1}", "tracking.enabled=false", "runtime.backend=inline"]
+    with pytest.raises(SpecError, match="budget.stop_at.metric: the evaluations"):  # load_spec refuses it first
+        spec(*overrides)
+    # a spec that skipped load_spec's checks (the Python API's dict, say) is refused by the run itself
+    raw = apply_overrides(read_yaml(SPECS / "sac.yaml"), ["budget.env_steps=1000", "algo.warm_up_steps=100"])
+    raw = apply_overrides(raw, overrides)
+    refused = validate_spec(raw)
     with pytest.raises(SpecError) as err:
         Trainer(refused, live=False).run()
     assert str(err.value).startswith("budget.stop_at.metric: the evaluations of aa_ray/PusherReach-v0 never "

@@ -23,7 +23,7 @@ from aa_ray.records import Rollout, RolloutChunk, Transitions
 from aa_ray.runtime.env_runner import EnvRunner
 from aa_ray.runtime.learner import Learner
 from aa_ray.runtime.replay import FIELDS
-from aa_ray.spec.loader import SpecError, load_spec
+from aa_ray.spec.loader import SpecError, apply_overrides, load_spec, read_yaml, validate_spec
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 
@@ -106,8 +106,10 @@ def test_the_learner_doubles_each_batch_with_its_mirror_image() -> None:
 def test_sym_aug_is_refused_naming_the_env_without_a_mirror() -> None:
     with pytest.raises(SpecError, match="algo.sym_aug needs mirror transforms for env 'Pendulum-v1'"):
         load_spec(SPECS / "sac_pendulum.yaml", ["algo.sym_aug=true"])
-    ant = load_spec(SPECS / "sac.yaml", ["env.id=Ant-v5", "algo.sym_aug=true",
-                                         "env.kwargs={include_cfrc_ext_in_observation: false}"])
+    other_obs = ["env.id=Ant-v5", "algo.sym_aug=true", "env.kwargs={include_cfrc_ext_in_observation: false}"]
+    with pytest.raises(SpecError, match="mirror of Ant-v5 is for 105 observation"):  # load_spec refuses it first
+        load_spec(SPECS / "sac.yaml", other_obs)
+    ant = validate_spec(apply_overrides(read_yaml(SPECS / "sac.yaml"), other_obs))  # ... and so does the run
     with pytest.raises(SpecError, match="mirror of Ant-v5 is for 105 observation"):
         sym_aug_mirror(ant, 27, 8)
     assert sym_aug_mirror(load_spec(SPECS / "sac.yaml"), 10, 2) is None
