@@ -109,9 +109,11 @@ class Experiment:
         resume: str | Path | None = None,
         track: bool | None = None,
         progress: Literal["auto", "live", "plain"] = "auto",
+        resume_without_replay: bool = False,
     ) -> RunResult:
         """Train until the budget, a `budget.stop_at_*` target or a callback stops the run.
-        `resume`: a checkpoint folder to continue from; `track`: False keeps it out of MLflow."""
+        `resume`: a checkpoint folder to continue from; `track`: False keeps it out of MLflow;
+        `resume_without_replay`: resume with an empty buffer, not the checkpoint's replay file."""
         from aa_ray.runtime.checkpoint import load_checkpoint
         from aa_ray.runtime.cluster import job_tracking_problem
         from aa_ray.runtime.trainer import Trainer
@@ -124,7 +126,8 @@ class Experiment:
         callbacks = list(callbacks)
         live = {"auto": None, "live": True, "plain": False}[progress]
         self.trainer = Trainer(self.spec, resume=payload, track=track, live=live,
-                               reporter=_reporter(callbacks) if callbacks else None)
+                               reporter=_reporter(callbacks) if callbacks else None,
+                               resume_without_replay=resume_without_replay)
         outcome = self.trainer.run()
         return RunResult(
             run_dir=Path(outcome["run_dir"]), checkpoint=Path(outcome["checkpoint"]),

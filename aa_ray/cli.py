@@ -38,8 +38,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--resume", metavar="CHECKPOINT",
         help="continue from a checkpoint folder; 'latest': the newest checkpoint of this spec's newest run under "
-        "runtime.output_dir (a new run if there is none: the same command serves a job that is requeued)",
+        "runtime.output_dir trained with the same env and algo (a new run if there is none: the same command "
+        "serves a job that is requeued)",
     )
+    run.add_argument("--resume-without-replay", action="store_true",
+                     help="with --resume: start from an empty replay buffer that refills, not the checkpoint's "
+                     "replay file (a missing one is refused without this)")
     run.add_argument("--no-track", action="store_true", help="do not record the run in MLflow")
     run.add_argument("--plain", action="store_true", help="plain log lines instead of the live display")
 
@@ -257,12 +261,12 @@ def _run(spec: ExperimentSpec, args: argparse.Namespace) -> int:
     experiment = Experiment(spec)
     resume = args.resume
     if resume == "latest":
-        resume = latest_checkpoint(spec)
-        _say(f"resuming from {resume}" if resume else
-              f"no checkpoint of {spec.name} under {spec.runtime.output_dir}: starting a new run")
+        resume, said = latest_checkpoint(spec)
+        _say(said)
     try:
         result = experiment.fit(resume=resume, track=False if args.no_track else None,
-                                progress="plain" if args.plain else "auto")
+                                progress="plain" if args.plain else "auto",
+                                resume_without_replay=args.resume_without_replay)
     except (UserError, DatasetError, CheckpointError) as err:
         return _fail(str(err))
     except (ResourceError, TrainingError) as err:

@@ -178,7 +178,7 @@ def test_a_resume_from_a_replay_file_with_a_bad_value_is_refused_before_any_acto
     with pytest.raises(CheckpointError) as err:
         experiment.fit(resume=checkpoint, progress="plain")
     assert str(err.value).startswith(f"replay file {file}: {message}, "), str(err.value)
-    assert "delete the file to resume with an empty buffer" in str(err.value)
+    assert "resume with an empty buffer that refills: --resume-without-replay" in str(err.value)
     assert experiment.trainer.graph is None and files_under(tmp_path) == before  # nothing started or written
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -110,3 +111,61 @@ def test_ctrl_c_during_the_checkpoint_write_leaves_it_whole(tmp_path: Path) -> N
     [checkpoint] = complete(tmp_path)
     assert (checkpoint / REPLAY_FILE).is_file() and load_checkpoint(checkpoint)["counters"]["env_steps"] > 0
     assert f"last checkpoint: {checkpoint.relative_to(tmp_path)}" in err
+
+
+# ---- resuming ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished tiny run (600 env steps, untracked): its folder holds runs/<run>/checkpoints/final."""
+    folder = tmp_path_factory.mktemp("finished")
+    done = subprocess.run(command("--no-track"), cwd=folder, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder / "runs"
+
+
+def copy_of(runs: Path, folder: Path) -> Path:
+    shutil.copytree(runs, folder / "runs")
+    [final] = (folder / "runs").glob("*/checkpoints/final")
+    return final
+
+
+def test_a_checkpoint_whose_replay_file_is_gone_resumes_only_when_asked(finished_run: Path, tmp_path: Path) -> None:
+    """Refused in one paragraph naming the missing file (nothing started, nothing written), and
+    resumed with an empty buffer under --resume-without-replay, which events.jsonl records."""
+    final = copy_of(finished_run, tmp_path)
+    (final / REPLAY_FILE).unlink()
+    before = sorted(tmp_path.rglob("*"))
+    longer = [*TINY, "budget.env_steps=900"]
+    refused = subprocess.run(command("--no-track", "--resume", str(final), sets=longer), cwd=tmp_path,
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert refused.stderr.startswith(f"aa-ray: error: replay file {final / REPLAY_FILE} is missing")
+    assert "--resume-without-replay" in refused.stderr and "Traceback" not in refused.stderr
+    assert sorted(tmp_path.rglob("*")) == before
+
+    resumed = subprocess.run(command("--no-track", "--resume", str(final), "--resume-without-replay", sets=longer),
+                             cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    events = [json.loads(line) for line in (final.parent.parent / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["resumed_without_replay"]
+    assert events[0]["checkpoint"] == str(final) and events[0]["replay_rows_left_out"] >= 600
+    assert load_checkpoint(final)["counters"]["env_steps"] >= 900
+
+
+def test_resume_latest_after_the_algo_changed_starts_a_new_run(finished_run: Path, tmp_path: Path) -> None:
+    """`--resume latest` with another algo finds no run of this spec and starts one, saying so in a
+    line; the same spec with a longer budget then still finds the first run, past the newer one."""
+    final = copy_of(finished_run, tmp_path)
+    other = subprocess.run(command("--no-track", "--resume", "latest", sets=[*TINY, "algo.name=td3"]), cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300)
+    assert other.returncode == 0, other.stderr[-3000:]
+    assert (f"no run of sac_pusher under runs was trained with this env and algo (the newest, {final.parts[-3]}, "
+            "differs in algo.") in other.stdout
+    assert "starting a new run" in other.stdout
+    assert len(list((tmp_path / "runs").iterdir())) == 2
+
+    longer = subprocess.run(command("--no-track", "--resume", "latest", sets=[*TINY, "budget.env_steps=900"]),
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert longer.returncode == 0, longer.stderr[-3000:]
+    assert f"resuming from {final.relative_to(tmp_path)}" in longer.stdout

@@ -218,18 +218,22 @@ def _refuse_non_finite_weights(folder: Path, state: dict[str, Any]) -> None:
         )
 
 
-def check_compatible(spec: ExperimentSpec, payload: dict[str, Any]) -> None:
-    """Refuse to resume a checkpoint into a spec whose env or algorithm differ."""
+def env_algo_differences(spec: ExperimentSpec, payload: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The env and algo fields whose values differ between a checkpoint and a spec: dotted key ->
+    (the checkpoint's value, the spec's). CheckpointError if the checkpoint holds no readable spec."""
     stored = payload.get("spec")
     if not (isinstance(stored, dict) and all(isinstance(stored.get(k), dict) for k in _MUST_MATCH)):
         raise CheckpointError(f"checkpoint {payload['folder']} holds no readable spec; it cannot be resumed.")
     saved = flatten({k: stored[k] for k in _MUST_MATCH})
     wanted = flatten({k: spec_to_dict(spec)[k] for k in _MUST_MATCH})
-    diffs = [
-        f"{key}: checkpoint has {saved.get(key)!r}, spec has {wanted.get(key)!r}"
-        for key in sorted(set(saved) | set(wanted))
-        if saved.get(key) != wanted.get(key)
-    ]
+    return {key: (saved.get(key), wanted.get(key)) for key in sorted(set(saved) | set(wanted))
+            if saved.get(key) != wanted.get(key)}
+
+
+def check_compatible(spec: ExperimentSpec, payload: dict[str, Any]) -> None:
+    """Refuse to resume a checkpoint into a spec whose env or algorithm differ."""
+    diffs = [f"{key}: checkpoint has {saved!r}, spec has {wanted!r}"
+             for key, (saved, wanted) in env_algo_differences(spec, payload).items()]
     if diffs:
         raise CheckpointError(
             f"checkpoint {payload['folder']} was made with a different env/algo than this spec:\n  "
@@ -238,18 +242,41 @@ def check_compatible(spec: ExperimentSpec, payload: dict[str, Any]) -> None:
         )
 
 
-def read_replay(payload: dict[str, Any], obs_dim: int, act_dim: int) -> pa.Table | None:
-    """The checkpoint's replay table, checked against the state beside it and the env's dims;
-    None when the checkpoint kept no replay. CheckpointError naming the file otherwise."""
+# what to pass to resume with an empty buffer instead of the checkpoint's replay file
+WITHOUT_REPLAY = "--resume-without-replay (Python: fit(..., resume_without_replay=True))"
+
+
+def saved_replay_rows(payload: dict[str, Any]) -> int | None:
+    """The rows of the replay file written with this checkpoint; None if it was written without one
+    (checkpoint.save_replay: false, an on-policy run, a format-1 checkpoint that did not say)."""
+    rows = payload.get("replay_rows")
+    return rows if isinstance(rows, int) else None
+
+
+def read_replay(payload: dict[str, Any], obs_dim: int, act_dim: int, without_replay: bool = False) -> pa.Table | None:
+    """The checkpoint's replay table, checked against the state beside it and the env's dims; None
+    when the checkpoint kept no replay or `without_replay` (the user chose an empty buffer).
+    CheckpointError naming the file otherwise, also when a replay file written with the checkpoint
+    is gone: a resume must not quietly start from an empty buffer."""
     file = Path(payload["folder"]) / REPLAY_FILE
-    if not file.is_file():
+    if without_replay:
         return None
+    if not file.is_file():
+        rows = saved_replay_rows(payload)
+        if rows is None:
+            return None
+        raise CheckpointError(
+            f"replay file {file} is missing: checkpoint {payload['folder']} was written with one ({rows:,} rows), "
+            "and a run resumed without it starts from an empty buffer (it would not continue as the stopped run "
+            "would have). Put the file back, resume from the run's newest checkpoint (checkpoint.keep_last keeps "
+            f"the replay file only there), or resume with an empty buffer that refills: {WITHOUT_REPLAY}."
+        )
     try:
         table = pq.read_table(file)
     except (OSError, pa.ArrowException) as err:
         raise CheckpointError(
             f"replay file {file} is truncated or corrupt ({str(err).splitlines()[0]}); resume from another "
-            "checkpoint, or delete the file to resume with an empty buffer that refills."
+            f"checkpoint, or resume with an empty buffer that refills: {WITHOUT_REPLAY}."
         ) from None
     dims = (table.schema.metadata or {}).get(b"aa_ray.replay", b"").decode()
     expected_rows = payload.get("replay_rows", payload.get("replay", {}).get("size"))
@@ -265,15 +292,17 @@ def read_replay(payload: dict[str, Any], obs_dim: int, act_dim: int) -> pa.Table
     if bad is not None:
         raise CheckpointError(
             f"replay file {file}: {bad.describe()}, which a resumed run would train on; resume from another "
-            "checkpoint, or delete the file to resume with an empty buffer that refills."
+            f"checkpoint, or resume with an empty buffer that refills: {WITHOUT_REPLAY}."
         )
     return table
 
 
-def verify_resume(payload: dict[str, Any], spec: ExperimentSpec, algorithm: Any, obs_dim: int, act_dim: int) -> Any:
+def verify_resume(payload: dict[str, Any], spec: ExperimentSpec, algorithm: Any, obs_dim: int, act_dim: int,
+                  without_replay: bool = False) -> Any:
     """Everything a resume checks before any actor starts: the checkpoint's env and algo match the
     spec, its learner state fits `algorithm` (a freshly built one), and its replay file belongs to
-    it. Returns the replay table (None if it has none). CheckpointError naming the file otherwise."""
+    it (not read with `without_replay`). Returns the replay table (None if it has none or is not
+    read). CheckpointError naming the file otherwise."""
     counters = payload.get("counters")
     if not (isinstance(counters, dict) and all(isinstance(counters.get(key), int) for key in _COUNTERS)):
         raise CheckpointError(
@@ -282,7 +311,7 @@ def verify_resume(payload: dict[str, Any], spec: ExperimentSpec, algorithm: Any,
         )
     check_compatible(spec, payload)
     check_learner_state(payload, algorithm)
-    return read_replay(payload, obs_dim, act_dim) if spec.algo.replay_actor else None
+    return read_replay(payload, obs_dim, act_dim, without_replay) if spec.algo.replay_actor else None
 
 
 def check_learner_state(payload: dict[str, Any], algorithm: Any) -> None:

@@ -17,8 +17,10 @@ from aa_ray import metric_names as m
 from aa_ray.errors import UserError
 from aa_ray.runtime.checkpoint import (
     REPLAY_FILE,
+    CheckpointError,
     CheckpointWriteError,
     complete_steps,
+    env_algo_differences,
     load_checkpoint,
     newest_checkpoint,
     read_replay,
@@ -118,15 +120,32 @@ def run_folder_of(checkpoint: Path) -> Path | None:
     return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
 
 
-def latest_checkpoint(spec: ExperimentSpec) -> Path | None:
-    """The newest checkpoint of the newest run named like this spec (`<name>-<hash>-<time>`, any hash:
-    a resume may change the budget, say, which the hash covers) under its runtime.output_dir: what
-    `aa-ray run SPEC --resume latest` continues; the resume checks then refuse one whose env or algo
-    differ. None if there is none."""
+def latest_checkpoint(spec: ExperimentSpec) -> tuple[Path | None, str]:
+    """What `aa-ray run SPEC --resume latest` continues, and the line that says so: the newest
+    checkpoint of the newest run of this spec under its runtime.output_dir. A run of this spec is
+    one named like it (`<name>-<hash>-<time>`, any hash: a resume may change the budget, say, which
+    the hash covers) whose checkpoint was trained with the same env and algo sections: a run of
+    another algo (`--set algo.name=td3`) is not this spec's, so with none left a new run starts
+    (the line says so), as the same command does before the first run. A checkpoint that cannot be
+    read is returned as found: the resume names what is wrong with it."""
     pattern = re.compile(rf"{re.escape(spec.name)}-[0-9a-f]{{8}}-(\d{{8}}-\d{{6}})")
     stamped = [(found[1], run) for run in Path(spec.runtime.output_dir).glob(f"{spec.name}-*")
                if (found := pattern.fullmatch(run.name))]
+    other: tuple[Path, list[str]] | None = None  # the newest run of the name trained otherwise
     for _, run in sorted(stamped, reverse=True):
-        if (checkpoint := newest_checkpoint(run / "checkpoints")) is not None:
-            return checkpoint
-    return None
+        if (checkpoint := newest_checkpoint(run / "checkpoints")) is None:
+            continue
+        try:
+            differences = env_algo_differences(spec, load_checkpoint(checkpoint))
+        except CheckpointError:
+            return checkpoint, f"resuming from {checkpoint}"
+        if not differences:
+            return checkpoint, f"resuming from {checkpoint}"
+        other = other or (run, list(differences))
+    where = f"no checkpoint of {spec.name} under {spec.runtime.output_dir}"
+    if other is not None:
+        run, keys = other
+        shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+        where = (f"no run of {spec.name} under {spec.runtime.output_dir} was trained with this env and algo "
+                 f"(the newest, {run.name}, differs in {shown})")
+    return None, f"{where}: starting a new run"

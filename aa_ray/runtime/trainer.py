@@ -54,7 +54,7 @@ from aa_ray.envs.symmetry import sym_aug_mirror
 from aa_ray.nets.policy import ObsDims
 from aa_ray.runtime import cluster
 from aa_ray.runtime.cadence import BUDGET, PREEMPTED, STOPPED_BY_CALLBACK, check_stop_metric
-from aa_ray.runtime.checkpoint import verify_resume
+from aa_ray.runtime.checkpoint import saved_replay_rows, verify_resume
 from aa_ray.runtime.counters import Counters
 from aa_ray.runtime.driver_state import DriverState
 from aa_ray.runtime.families import family_of
@@ -91,9 +91,12 @@ class Trainer:
         live: bool | None = None,
         context: RunContext | None = None,
         reporter: Reporter | None = None,
+        resume_without_replay: bool = False,
     ):
         self.spec = spec
         self.resume = resume
+        # the user chose to resume with an empty buffer: the checkpoint's replay file is not read
+        self.resume_without_replay = resume_without_replay
         self.resumed_elsewhere = False  # from a checkpoint outside a run folder: into a new one
         self.reporter = reporter
         if resume is not None and run_dir is None:
@@ -180,6 +183,11 @@ class Trainer:
                 if self.resumed_elsewhere:
                     self.record.event("resumed_in_new_run_folder", self.counters.env_steps,
                                       checkpoint=str(self.resume["folder"]), reason="not inside a run folder")
+                if self.resume is not None and self.resume_without_replay and self.spec.algo.replay_actor:
+                    # the resumed run no longer repeats the stopped one: its record says why
+                    self.record.event("resumed_without_replay", self.counters.env_steps,
+                                      checkpoint=str(self.resume["folder"]),
+                                      replay_rows_left_out=saved_replay_rows(self.resume) or 0)
                 with self.record.showing_progress():
                     stop_reason = self._train()
                     final = self.last_checkpoint if stop_reason == PREEMPTED else self._final_checkpoint(stop_reason)
@@ -330,4 +338,4 @@ class Trainer:
         setup = TrainingSetup.on_cpu(planned_steps=planned_fleet_steps(self.spec))
         mirror = sym_aug_mirror(self.spec, obs, act_dim)
         algorithm = family_of(self.spec).build(self.spec.algo, obs, act_dim, setup, mirror)
-        return verify_resume(self.resume, self.spec, algorithm, obs.full, act_dim)
+        return verify_resume(self.resume, self.spec, algorithm, obs.full, act_dim, self.resume_without_replay)
