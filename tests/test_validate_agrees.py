@@ -129,7 +129,7 @@ TUNE_CASES = [
     ("a grid of a million trials", "sweep.yaml",
      "name: w\nbase: base.yaml\nsearch_space:\n"
      + "".join(f"  algo.k{i}: {{grid: [{', '.join(str(v) for v in range(10))}]}}\n" for i in range(6)),
-     "search_space: the grids cross to 1,000,000 trials"),
+     "\n  search_space: the grids cross to 1,000,000 trials"),
     ("NUL in a sweep's storage", "sweep.yaml",
      'name: w\nbase: base.yaml\nstorage: "tune\\0x"\nsearch_space: {algo.actor_lr: {grid: [0.001]}}\n',
      "storage: contains a NUL byte"),

@@ -84,6 +84,8 @@ def format_validation_error(err: ValidationError, source: str) -> str:
         # a section's (or the whole spec's) check may name the exact field itself (env.imports: ...)
         named = re.match(r"[a-z_]+(\.[a-z_]+)+\b", message)
         names_field = named is not None and (not e["loc"] or message.startswith(f"{path}."))
+        # a whole-file check may name a top-level field alone (search_space: ...)
+        names_field = names_field or (not e["loc"] and re.match(r"[a-z_]+: ", message) is not None)
         # a whole-spec check (empty location) names its fields in the message; its input is the whole spec
         quiet = e["type"] in ("missing", "extra_forbidden") or not e["loc"] or names_field
         shown = "" if quiet else f" (got {echo(e.get('input'))})"
