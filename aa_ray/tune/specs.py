@@ -21,7 +21,7 @@ from aa_ray.spec.names import MAX_NAME_LENGTH, SafeName
 
 STORAGE_HELP = (
     "where Tune keeps trial state and checkpoints: a path every node mounts or a URI (s3://, gs://); "
-    "default <runtime.output_dir>/tune, which only a single-node cluster can use"
+    "default <runtime.output_dir>/tune, which only a single-node cluster can use; a leading ~ is the home folder"
 )
 # What trials report and a sweep may optimize, besides the env's task metrics (eval/<key> and train/<key>,
 # aa_ray/envs/info_metrics.py); eval/success and train/success exist where the env reports is_success.
@@ -141,7 +141,7 @@ def load_sweep(path: str | Path) -> Sweep:
     if spec.searcher == "optuna" and base.seed > MAX_OPTUNA_SEED:
         raise SpecError(
             f"{path}: searcher optuna seeds its sampler with the base's seed, {base.seed}, and Optuna takes seeds of "
-            f"0 to 2^32 - 1 only (numpy's RandomState), so the sweep would fail as it starts; set seed (in the base "
+            "0 to 2^32 - 1 only (numpy's RandomState), so the sweep would fail as it starts; set seed (in the base "
             "or the sweep's set:) to at most 4294967295."
         )
     for key, domain in spec.search_space.items():
