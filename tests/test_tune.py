@@ -25,8 +25,9 @@ from aa_ray.spec.experiment import StopAtSpec
 from aa_ray.spec.loader import SpecError
 from aa_ray.tracking.mlflow_tracker import retry_locked
 from aa_ray.tune.pipeline import PipelineError, run_pipeline
+from aa_ray.tune.session import error_paragraph
 from aa_ray.tune.specs import load_pipeline, load_sweep
-from aa_ray.tune.sweep import error_paragraph, run_sweep
+from aa_ray.tune.sweep import run_sweep
 from aa_ray.tune.trials import TRIAL_LOG
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"

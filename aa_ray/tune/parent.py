@@ -1,4 +1,4 @@
-"""What sweeps and pipelines share on the driver: the MLflow parent run their trials nest under,
+"""What sweeps, suites and pipelines share on the driver: the MLflow parent run their trials nest under,
 and absolute paths (Tune runs each trial in a folder of its own, so a relative path in a spec
 would point somewhere else there)."""
 
@@ -11,6 +11,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from aa_ray.runtime import cluster
+from aa_ray.runtime.run_record import STOP_REASON_TAG
 from aa_ray.spec.loader import SpecError, set_values
 from aa_ray.tracking.mlflow_tracker import (
     PARENT_TAG,
@@ -70,6 +71,8 @@ class ParentRun:
             if reopen is not None and self._exists(reopen):  # a resumed invocation continues its parent
                 self.run_id = reopen
                 retry_locked(lambda: self.client.update_run(reopen, status="RUNNING"))
+                if STOP_REASON_TAG in self.client.get_run(reopen).data.tags:  # it is no longer stopped
+                    retry_locked(lambda: self.client.delete_tag(reopen, STOP_REASON_TAG))
             else:
                 self.run_id = start_run(self.client, experiment, parent_tags)
             self.experiment_id = self.client.get_run(self.run_id).info.experiment_id
@@ -124,21 +127,25 @@ class ParentRun:
     def log_artifact(self, path: Path) -> None:
         retry_locked(lambda: self.client.log_artifact(self.run_id, str(path)))
 
-    def finish(self, status: str) -> None:
-        """End the parent; children a scheduler stopped mid-run (their process ended without
-        closing the run) are marked KILLED rather than left RUNNING."""
+    def finish(self, status: str, reason: str | None = None) -> None:
+        """End the parent (with `reason` as its stop reason, when it did not finish); children a
+        scheduler stopped mid-run (their process ended without closing the run) are marked KILLED
+        rather than left RUNNING."""
         for child in self.children():
             if child.info.status == "RUNNING":
                 retry_locked(lambda child=child: self.client.set_terminated(child.info.run_id, status="KILLED"))
+        if reason is not None:
+            retry_locked(lambda: self.client.set_tag(self.run_id, STOP_REASON_TAG, reason))
         retry_locked(lambda: self.client.set_terminated(self.run_id, status=status))
 
 
-def end_invocation(parent: ParentRun | None, status: str, started_ray: bool, report: Any = print) -> None:
+def end_invocation(parent: ParentRun | None, status: str, started_ray: bool, report: Any = print,
+                   reason: str | None = None) -> None:
     """What every sweep, suite and pipeline invocation does last: end its parent run (and show
     where the MLflow UI compares its children), and the embedded Ray it started (a cluster it
     joined is left running)."""
     if parent is not None:
-        parent.finish(status)
+        parent.finish(status, reason)
         children = [child.info.run_id for child in parent.children() if child.info.status == "FINISHED"]
         if len(children) > 1:
             report(f"compare in the MLflow UI: {compare_link(parent.uri, parent.experiment_id, children)}")

@@ -7,6 +7,13 @@ Stages are content-addressed: a stage's key hashes its resolved spec, its own se
 A stage whose folder holds a completed record under the same key is reused, not re-run (`--force`
 reruns). A failing stage stops the pipeline; the completed stages keep their outputs, so the next
 invocation starts at the stage that failed.
+
+SIGTERM or SIGINT stops the running stage as a sweep's trials are stopped (`session.TuneSession`):
+its child run and the parent end KILLED with the stop reason, no later stage starts, and
+`pipeline.json` says `preempted`. `resume=True` (`--resume latest`) continues that invocation: its
+parent run again, the stages it completed are not rerun (nor copied again), and the stopped train
+stage resumes from its newest checkpoint into its own child run. The console is a sweep's: Tune's
+status table and a line per trial event; each stage's output goes to `trial.log` in its folder.
 """
 
 from __future__ import annotations
@@ -19,15 +26,36 @@ from typing import Any
 
 from ray import tune
 
+from aa_ray import metric_names as m
 from aa_ray.data.minari_format import is_minari_folder
 from aa_ray.data.rollout import rollout_bundles
-from aa_ray.runtime.checkpoint import STATE_FILE
+from aa_ray.runtime import cluster
+from aa_ray.runtime.checkpoint import STATE_FILE, newest_checkpoint
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import set_values, spec_hash, validate_spec
-from aa_ray.tune.parent import ParentRun, absolute_paths, end_invocation, tune_storage
+from aa_ray.tune.parent import ParentRun, absolute_paths, tune_storage
+from aa_ray.tune.session import (
+    RESUMABLE,
+    TrialEvents,
+    TuneSession,
+    mark_stopped_children,
+    read_state,
+    result_loggers,
+    status_table,
+    trials_left,
+    write_state,
+)
 from aa_ray.tune.specs import Pipeline, RolloutStage, parse_reference
-from aa_ray.tune.trials import DRIVER_CPUS, rollout_trial, train_trial, trial_resources
+from aa_ray.tune.trials import (
+    DRIVER_CPUS,
+    TRIAL_LOG,
+    output_to_log,
+    rollout_trial,
+    train_trial,
+    trial_resources,
+)
 
+PIPELINE_FILE = "pipeline.json"  # in the pipeline's folder: its newest invocation's parent run, how it ended
 RECORD_FILE = "stage.json"  # written last, when a stage completed: its key, outputs and MLflow run
 DATASET_FILE = "dataset.parquet"
 MINARI_ROOT = "minari"  # a minari-format stage's dataset root: <stage folder>/minari/<dataset id>
@@ -100,18 +128,28 @@ class StagePlan:
     def bundles(self) -> list[dict[str, float]]:
         return stage_bundles(self.stage, self.spec)
 
-    def trial_config(self, tracking: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+    def trial_config(self, tracking: dict[str, Any] | None, resume_from: Path | None = None) -> dict[str, Any]:
+        """The stage trial's config (`stage_trial`): `resume_from`, a train stage's checkpoint that a
+        stopped invocation left."""
         spec_raw = self.spec.model_dump(mode="json")
+        shown = {"stage": self.name, "kind": self.stage.kind, "folder": str(self.folder)}  # the console's, the log's
         if isinstance(self.stage, RolloutStage):
-            return rollout_trial, {
-                "spec": spec_raw, "episodes": self.stage.episodes,
+            return {
+                **shown, "spec": spec_raw, "episodes": self.stage.episodes,
                 "checkpoint": str(self.checkpoint) if self.checkpoint else None, "scripted": self.stage.scripted,
                 "deterministic": self.stage.deterministic, "tracking": tracking, "format": self.stage.format,
                 "dataset_id": self.dataset_id,
                 # a Minari dataset goes under its root, by id; a Parquet one is the file itself
                 "out": str(self.folder / MINARI_ROOT if self.dataset_id else self.output),
             }
-        return train_trial, {"spec": spec_raw, "run_dir": str(self.folder), "tracking": tracking}
+        return {**shown, "spec": spec_raw, "run_dir": str(self.folder), "tracking": tracking,
+                "resume_from": str(resume_from) if resume_from else None}
+
+
+def stage_trial(config: dict[str, Any]) -> None:
+    """One stage as a Tune trial, its output in `trial.log` in the stage's folder."""
+    with output_to_log(Path(config["folder"]) / TRIAL_LOG):
+        (rollout_trial if config["kind"] == "rollout" else train_trial)(config)
 
 
 def stage_bundles(stage: Any, spec: ExperimentSpec) -> list[dict[str, float]]:
@@ -125,31 +163,53 @@ def pipeline_root(pipeline: Pipeline) -> Path:
     return Path(first.runtime.output_dir) / "pipelines" / pipeline.spec.name
 
 
-def run_pipeline(pipeline: Pipeline, force: bool = False, track: bool = True, report: Any = print) -> dict[str, Any]:
-    """Run (or reuse) every stage in order. Returns each stage's status, output and MLflow run."""
-    from aa_ray.runtime import cluster
-
+def run_pipeline(pipeline: Pipeline, force: bool = False, track: bool = True, report: Any = print,
+                 resume: bool = False) -> dict[str, Any]:
+    """Run (or reuse) every stage in order, until the end or a stop signal. Returns each stage's
+    status, output and MLflow run, and whether a signal `preempted` it. `resume`: continue the
+    pipeline's newest invocation if a signal (or a crash) interrupted it."""
     name = pipeline.spec.name
     root = pipeline_root(pipeline)
     first_spec: ExperimentSpec = validate_spec(pipeline.raws[pipeline.order[0]])
+    earlier = read_state(root / PIPELINE_FILE)
+    resuming = resume and earlier.get("status") in RESUMABLE
+    if resume:
+        report(f"resuming the pipeline in {root} (its last invocation: {earlier['status']})" if resuming else
+               f"no interrupted pipeline {name} in {root}: starting a new invocation")
     parent = None
     if track and first_spec.tracking.enabled:
-        parent = ParentRun(first_spec.tracking.experiment, "pipeline", name, run_name=f"pipeline:{name}")
-        parent.log(params={"stages": " -> ".join(pipeline.order), "force": force})
-        parent.log_artifact(pipeline.path)
+        reopen = earlier.get("parent_run_id") if resuming else None
+        parent = ParentRun(first_spec.tracking.experiment, "pipeline", name, run_name=f"pipeline:{name}",
+                           reopen=reopen)
+        if parent.run_id != reopen:  # params are written once per parent run
+            parent.log(params={"stages": " -> ".join(pipeline.order), "force": force})
+            parent.log_artifact(pipeline.path)
         report(f"mlflow parent run: {parent.run_id} (experiment {first_spec.tracking.experiment!r}): {parent.url}")
 
-    started_ray, storage = False, None
-    status = "FAILED"
+    session = TuneSession("pipeline's running stage")
+    storage = None
+    status, ending = "FAILED", "failed"  # how the parent run and pipeline.json end, unless told otherwise
     outputs: dict[str, Path] = {}
     stages: dict[str, dict[str, Any]] = {}
+    stopped = None
+    write_state(root / PIPELINE_FILE, parent_run_id=parent.run_id if parent else None, status="running")
     try:
+        # the stages this parent run already completed (run or copied) in an invocation a signal stopped
+        done = {child.data.tags.get("aa_ray.stage_key"): child.info.run_id for child in parent.children()
+                if child.info.status == "FINISHED"} if parent is not None and resuming else {}
         for stage_name in pipeline.order:
+            if session.signals.received:  # it came between two stages
+                stopped = stage_name
+                break
             plan = StagePlan(pipeline, stage_name, outputs, root)
             tags = {"aa_ray.stage": stage_name, "aa_ray.stage_key": plan.key}
             run_name = f"{name}:{stage_name}"
             record = None if force else plan.completed_record()
-            if record is not None:
+            if record is not None and plan.key in done:
+                report(f"stage {stage_name}: finished earlier in this invocation (key {plan.key}): {plan.output}")
+                stages[stage_name] = {"status": "finished earlier", "output": str(plan.output),
+                                      "mlflow_run_id": done[plan.key]}
+            elif record is not None:
                 report(f"stage {stage_name}: reused, unchanged since {record['finished']} (key {plan.key}): "
                        f"{plan.output}")
                 run_id = record.get("mlflow_run_id")
@@ -158,13 +218,25 @@ def run_pipeline(pipeline: Pipeline, force: bool = False, track: bool = True, re
                 stages[stage_name] = {"status": "reused", "output": str(plan.output), "mlflow_run_id": run_id}
             else:
                 report(f"stage {stage_name}: running {plan.stage.kind} (key {plan.key}) in {plan.folder}")
-                if storage is None:  # an embedded Ray is sized for the largest stage
-                    started_ray = cluster.connect(None, cpus=_largest_stage_cpus(pipeline), py_modules=sorted(
+                resume_from = None
+                if resuming and not isinstance(plan.stage, RolloutStage):
+                    resume_from = newest_checkpoint(plan.folder / "checkpoints")
+                    if resume_from is not None:
+                        report(f"stage {stage_name}: resuming from {resume_from.name}")
+                if not session.started:  # an embedded Ray is sized for the largest stage
+                    session.start(_largest_stage_cpus(pipeline), sorted(
                         {path for stage in pipeline.checked.values() for path in stage.env.py_modules}))
                     storage = tune_storage(pipeline.spec.storage, root / "tune", pipeline.path)
                 cluster.check_capacity(plan.bundles(), what=f"stage {stage_name!r}")
-                tracking = parent.child_tracking(run_name, tags) if parent else None
-                _run_stage(plan, tracking, pipeline.spec.max_failures, root, storage)
+                tracking = None
+                if parent is not None:  # a resumed stage finds its child run by these tags
+                    tracking = {**parent.child_tracking(run_name, tags), "identity": tags}
+                if not _run_stage(plan, plan.trial_config(tracking, resume_from), pipeline.spec.max_failures,
+                                  root, storage):
+                    stopped = stage_name
+                    if parent is not None:
+                        mark_stopped_children(parent, "aa_ray.stage_key", {plan.key}, session.signals.stop_reason())
+                    break
                 run_id = _child_run_id(parent, plan.key)
                 plan.folder.mkdir(parents=True, exist_ok=True)
                 (plan.folder / RECORD_FILE).write_text(json.dumps({
@@ -173,10 +245,16 @@ def run_pipeline(pipeline: Pipeline, force: bool = False, track: bool = True, re
                 }, indent=1))
                 stages[stage_name] = {"status": "ran", "output": str(plan.output), "mlflow_run_id": run_id}
             outputs[stage_name] = plan.output
-        status = "FINISHED"
-        return {"stages": stages, "root": str(root), "parent_run_id": parent.run_id if parent else None}
+        status = "KILLED" if stopped else "FINISHED"
+        ending = "preempted" if stopped else "finished"
+        return {"stages": stages, "root": str(root), "parent_run_id": parent.run_id if parent else None,
+                "preempted": stopped is not None, "stopped_stage": stopped}
+    except KeyboardInterrupt:  # a second signal: the stage resumes from its newest checkpoint all the same
+        status, ending = "KILLED", "interrupted"
+        raise
     finally:
-        end_invocation(parent, status, started_ray, report)
+        write_state(root / PIPELINE_FILE, status=ending)
+        session.end(parent, status, report)
 
 
 def _largest_stage_cpus(pipeline: Pipeline) -> float:
@@ -186,17 +264,23 @@ def _largest_stage_cpus(pipeline: Pipeline) -> float:
     )
 
 
-def _run_stage(plan: StagePlan, tracking: dict[str, Any] | None, max_failures: int, root: Path, storage: str) -> None:
-    trainable, config = plan.trial_config(tracking)
+def _run_stage(plan: StagePlan, config: dict[str, Any], max_failures: int, root: Path, storage: str) -> bool:
+    """Run the stage as one Tune trial; False when a stop signal cut it short."""
+    experiment = f"{plan.name}-{plan.key}-{datetime.now():%Y%m%d-%H%M%S}"  # a resumed stage's attempt is another
+    events = TrialEvents(str(plan.folder), m.EVAL_RETURN, by="stage", folders={plan.name: str(plan.folder)})
     tuner = tune.Tuner(
-        tune.with_resources(trainable, trial_resources(plan.spec, plan.bundles())),
+        tune.with_resources(stage_trial, trial_resources(plan.spec, plan.bundles())),
         param_space=config,
         run_config=tune.RunConfig(
-            name=f"{plan.name}-{plan.key}", storage_path=storage,
-            failure_config=tune.FailureConfig(max_failures=max_failures), verbose=0,
+            name=experiment, storage_path=storage, failure_config=tune.FailureConfig(max_failures=max_failures),
+            # verbose 1: the status table only; TrialEvents says what happens to the stage's trial
+            verbose=1, progress_reporter=status_table({"stage": "stage"}, m.EVAL_RETURN),
+            callbacks=[*result_loggers(), events],
         ),
     )
     result = tuner.fit()[0]
+    if trials_left(f"{storage.rstrip('/')}/{experiment}"):
+        return False
     if result.error is not None:
         cause = getattr(result.error, "cause", None) or result.error
         reason = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
@@ -205,6 +289,7 @@ def _run_stage(plan: StagePlan, tracking: dict[str, Any] | None, max_failures: i
             f"{root}; fix the cause and run the pipeline again (completed stages are reused). Trial logs: "
             f"{result.path}"
         )
+    return True
 
 
 def _child_run_id(parent: ParentRun | None, key: str) -> str | None:

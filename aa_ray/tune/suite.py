@@ -9,6 +9,12 @@ resumes from its newest checkpoint (into the same child run), and one that had n
 yet starts over (its partial child run is deleted). A cell is keyed by its resolved spec: editing
 a spec or an override reruns exactly the cells it changes, and their old child runs are marked
 superseded so reports leave them out.
+
+SIGTERM or SIGINT stops the running cells as a sweep's trials are stopped (`session.TuneSession`):
+their child runs and the parent end KILLED with the stop reason, `suite.json` says `preempted`, and
+the next invocation (`--resume latest`, or none: a suite always continues) resumes them. The
+console is a sweep's: Tune's status table and a line per trial event; each cell's output goes to
+`trial.log` in its run folder.
 """
 
 from __future__ import annotations
@@ -27,11 +33,22 @@ from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import SpecError, spec_hash, validate_spec
 from aa_ray.tracking.mlflow_tracker import retry_locked
 from aa_ray.tracking.suite_report import ENV_TAG, LABEL_TAG, REFERENCES_TAG, SUPERSEDED_TAG
-from aa_ray.tune.parent import ParentRun, absolute_paths, end_invocation, tune_storage
+from aa_ray.tune.parent import ParentRun, absolute_paths, tune_storage
+from aa_ray.tune.session import (
+    RESUMABLE,
+    TrialEvents,
+    TuneSession,
+    mark_stopped_children,
+    read_state,
+    result_loggers,
+    status_table,
+    trials_left,
+    write_state,
+)
 from aa_ray.tune.specs import Suite
-from aa_ray.tune.trials import train_trial, trial_bundles, trial_resources
+from aa_ray.tune.trials import TRIAL_LOG, output_to_log, train_trial, trial_bundles, trial_resources
 
-SUITE_FILE = "suite.json"  # the parent run this suite's invocations share
+SUITE_FILE = "suite.json"  # the parent run this suite's invocations share, how the last one ended
 RECORD_FILE = "cell.json"  # written when a cell's run has finished
 CELL_TAG, KEY_TAG, SEED_TAG = "aa_ray.suite_cell", "aa_ray.suite_key", "aa_ray.suite_seed"
 
@@ -83,7 +100,7 @@ def open_parent(suite: Suite, root: Path, spec: ExperimentSpec, fresh: bool = Fa
     """The suite's MLflow parent run: the one its folder remembers (unless `fresh`), else a new one.
     The suite file and its references are logged with it; None when the spec turns tracking off."""
     state_path = root / SUITE_FILE
-    state = json.loads(state_path.read_text()) if state_path.is_file() and not fresh else {}
+    state = {} if fresh else read_state(state_path)
     if not spec.tracking.enabled:
         return None
     name = suite.spec.name
@@ -93,9 +110,7 @@ def open_parent(suite: Suite, root: Path, spec: ExperimentSpec, fresh: bool = Fa
         parent.log(params={"specs": json.dumps(suite.spec.model_dump(mode="json")["specs"]),
                            "envs": json.dumps(sorted(suite.spec.envs)), "seeds": json.dumps(suite.spec.seeds),
                            "env_steps": suite.spec.env_steps, "eval": json.dumps(suite.spec.eval)})
-        root.mkdir(parents=True, exist_ok=True)
-        state_path.write_text(json.dumps({"suite": str(suite.path.resolve()), "parent_run_id": parent.run_id},
-                                         indent=1))
+        write_state(state_path, suite=str(suite.path.resolve()), parent_run_id=parent.run_id)
     parent.log_artifact(suite.path)
     if suite.references_path() is not None:  # reports read the published returns from here
         parent.log_artifact(suite.references_path())
@@ -116,18 +131,25 @@ def suite_trial(config: dict[str, Any], cells: dict[str, dict[str, Any]]) -> Non
         partial.write_text(json.dumps(record, indent=1))
         partial.rename(partial.with_name(RECORD_FILE))
 
-    train_trial(cell, on_finished=write_record)
+    with output_to_log(Path(cell["run_dir"]) / TRIAL_LOG):
+        train_trial(cell, on_finished=write_record)
 
 
 def run_suite(suite: Suite, force: bool = False, track: bool = True, report: Any = print,
-              only: list[str] | None = None) -> dict[str, Any]:
-    """Run every cell that has not finished (all of them with `force`, under a new parent run);
-    `only` keeps the cells of those spec labels or env ids. Returns each cell's status and final
-    metrics, the suite's folder and its parent run."""
+              only: list[str] | None = None, resume: bool = False) -> dict[str, Any]:
+    """Run every cell that has not finished (all of them with `force`, under a new parent run),
+    until the end or a stop signal; `only` keeps the cells of those spec labels or env ids.
+    Returns each cell's status and final metrics, the suite's folder, its parent run and whether
+    it was `preempted`. `resume` (`--resume latest`) only says what is continued: a suite's
+    invocations always continue its parent run and unfinished cells."""
     from aa_ray.runtime import cluster
 
     spec = suite.spec
     root = suite_root(suite)
+    if resume:
+        ended = read_state(root / SUITE_FILE).get("status")
+        report(f"resuming the suite in {root} (its last invocation: {ended})" if ended in RESUMABLE else
+               f"no interrupted suite {spec.name} in {root}: running what has not finished")
     plans = plan_cells(suite, root)
     if only:
         unknown = set(only) - {plan.label for plan in plans} - {plan.env for plan in plans}
@@ -141,9 +163,10 @@ def run_suite(suite: Suite, force: bool = False, track: bool = True, report: Any
     chosen = f" ({len(selected)} chosen)" if only else ""
     report(f"suite {spec.name}: {len(plans)} runs{chosen}, {len(selected) - len(todo)} finished earlier, "
            f"{len(todo)} to run ({root})")
-    status = "FAILED"
-    started_ray = False
+    status, ending = "FAILED", "failed"  # how the parent run and suite.json end, unless told otherwise
+    session = TuneSession("suite's running cells")
     outcomes: dict[str, dict[str, Any]] = {}
+    stopped: set[str] = set()
     try:
         children = parent.children() if parent is not None else []
         if parent is not None:
@@ -153,19 +176,29 @@ def run_suite(suite: Suite, force: bool = False, track: bool = True, report: Any
             largest = max((trial_bundles(plan.spec) for plan in todo),
                           key=lambda bundles: sum(bundle.get("CPU", 0.0) for bundle in bundles))
             py_modules = sorted({path for plan in todo for path in plan.spec.env.py_modules})
-            started_ray = cluster.connect(None, cpus=sum(b.get("CPU", 0.0) for b in largest)
-                                          * min(spec.max_concurrent_trials, len(todo)), py_modules=py_modules)
+            session.start(sum(b.get("CPU", 0.0) for b in largest) * min(spec.max_concurrent_trials, len(todo)),
+                          py_modules)
+            write_state(root / SUITE_FILE, status="running")
             cluster.check_capacity(largest, what="the suite's largest run")
-            outcomes = _run_cells(suite, todo, cells, root)
-        rows = [_row(plan, outcomes.get(plan.name)) for plan in plans]
-        status = "FAILED" if any(row["status"] == "failed" for row in rows) else "FINISHED"
+            outcomes, stopped = _run_cells(suite, todo, cells, root)
+        if parent is not None and stopped:
+            mark_stopped_children(parent, KEY_TAG, {plan.key for plan in todo if plan.name in stopped},
+                                  session.signals.stop_reason())
+        rows = [_row(plan, outcomes.get(plan.name), plan.name in stopped) for plan in plans]
+        status = "KILLED" if stopped else "FAILED" if any(row["status"] == "failed" for row in rows) else "FINISHED"
+        ending = "preempted" if stopped else status.lower()
         table = root / "cells.json"
         table.write_text(json.dumps(rows, indent=1, default=str))
         if parent is not None:
             parent.log_artifact(table)
-        return {"cells": rows, "root": str(root), "parent_run_id": parent.run_id if parent else None}
+        return {"cells": rows, "root": str(root), "parent_run_id": parent.run_id if parent else None,
+                "preempted": bool(stopped)}
+    except KeyboardInterrupt:  # a second signal: the cells resume from their newest checkpoints all the same
+        status, ending = "KILLED", "interrupted"
+        raise
     finally:
-        end_invocation(parent, status, started_ray, report)
+        write_state(root / SUITE_FILE, status=ending)
+        session.end(parent, status, report)
 
 
 def _trial_config(plan: CellPlan, parent: ParentRun | None, children: list[Any], force: bool,
@@ -193,37 +226,47 @@ def _mark_superseded(parent: ParentRun, plans: list[CellPlan], children: list[An
             retry_locked(lambda run_id=child.info.run_id: parent.client.set_tag(run_id, SUPERSEDED_TAG, "true"))
 
 
-def _run_cells(suite: Suite, todo: list[CellPlan], cells: dict[str, dict[str, Any]], root: Path) -> dict[str, Any]:
-    """One Tuner over the cells still to run; each cell's outcome (its trial's last report)."""
+def _run_cells(suite: Suite, todo: list[CellPlan], cells: dict[str, dict[str, Any]],
+               root: Path) -> tuple[dict[str, Any], set[str]]:
+    """One Tuner over the cells still to run; each cell's outcome (its trial's last report), and
+    the cells a stop signal left unfinished."""
     spec = suite.spec
     plans = {plan.name: plan for plan in todo}
     storage = tune_storage(spec.storage, root / "tune", suite.path)
+    experiment = f"{spec.name}-{datetime.now():%Y%m%d-%H%M%S}"
     resources = lambda config: trial_resources(plans[config["cell"]].spec)  # noqa: E731
+    # verbose 1: the status table only; TrialEvents says what happens to each cell
+    events = TrialEvents(str(root), m.EVAL_RETURN, by="cell", folders={n: str(p.folder) for n, p in plans.items()})
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(suite_trial, cells=cells), resources),
         param_space={"cell": tune.grid_search(list(plans))},
         tune_config=tune.TuneConfig(max_concurrent_trials=spec.max_concurrent_trials,
                                     trial_dirname_creator=lambda trial: trial.config["cell"]),
         run_config=tune.RunConfig(
-            name=f"{spec.name}-{datetime.now():%Y%m%d-%H%M%S}", storage_path=storage,
-            failure_config=tune.FailureConfig(max_failures=spec.max_failures), verbose=1,
+            name=experiment, storage_path=storage, failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+            verbose=1, progress_reporter=status_table({"cell": "cell"}, m.EVAL_RETURN),
+            callbacks=[*result_loggers(), events],
         ),
     )
+    results = tuner.fit()
+    stopped = {config.get("cell") for config in trials_left(f"{storage.rstrip('/')}/{experiment}").values()}
     outcomes = {}
-    for result in tuner.fit():
+    for result in results:
         name = (result.config or {}).get("cell")
-        if name not in plans:
+        if name not in plans or name in stopped:
             continue
         metrics = result.metrics or {}
         finished = result.error is None and bool(metrics.get(m.RUN_FINISHED, 0.0))
         error = None if result.error is None else str(result.error).strip().splitlines()[-1][:300]
         outcomes[name] = {"finished": finished and plans[name].record() is not None, "error": error}
-    return outcomes
+    return outcomes, stopped
 
 
-def _row(plan: CellPlan, outcome: dict[str, Any] | None) -> dict[str, Any]:
+def _row(plan: CellPlan, outcome: dict[str, Any] | None, stopped: bool = False) -> dict[str, Any]:
     record = plan.record()
-    if outcome is None:
+    if stopped:
+        status = "stopped"  # by a signal: the next invocation resumes it
+    elif outcome is None:
         status = "finished earlier" if record else "not run"  # left out with --only
     else:
         status = "finished" if outcome["finished"] else "failed"

@@ -14,34 +14,31 @@ from their last reported checkpoint in their own MLflow runs, finished ones are 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from ray import tune
 
 from aa_ray import metric_names as m
 from aa_ray.spec.loader import set_values, validate_spec
-from aa_ray.tracking.mlflow_tracker import retry_locked
-from aa_ray.tune.parent import ParentRun, absolute_paths, end_invocation, tune_storage
+from aa_ray.tune.parent import ParentRun, absolute_paths, tune_storage
+from aa_ray.tune.session import (
+    RESUMABLE,
+    TrialEvents,
+    TuneSession,
+    format_value,
+    mark_stopped_children,
+    read_state,
+    result_loggers,
+    short_params,
+    status_table,
+    trials_left,
+    write_state,
+)
 from aa_ray.tune.specs import Sweep
 from aa_ray.tune.trials import TRIAL_LOG, TRIAL_TAG, output_to_log, train_trial, trial_bundles, trial_resources
-
-
-def _format(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def short_params(params: dict[str, Any]) -> str:
-    return ",".join(f"{key.rsplit('.', 1)[-1]}={_format(value)}" for key, value in params.items())
 
 
 def sweep_trial(config: dict[str, Any], base: dict[str, Any], root: str, tracking: dict[str, Any] | None) -> None:
@@ -57,109 +54,7 @@ def sweep_trial(config: dict[str, Any], base: dict[str, Any], root: str, trackin
         train_trial({"spec": set_values(base, params), "run_dir": str(run_dir), "tracking": tracking})
 
 
-STATUS_EVERY_S = 60  # the status table's refresh; trial events are printed as they happen
-# Tune's and Ray's own switches for the sweep's console. Both read them in this process while the
-# sweep runs, so they are set for the sweep's Ray session only (`sweep_console`), never at import nor
-# for the workers (which start with the environment Ray was given).
-SWEEP_CONSOLE = {
-    # the CLIReporter's status table: the newer output prints a table per trial start and end
-    "RAY_AIR_NEW_OUTPUT": "0",
-    # no TensorBoard logger (TensorBoard is not a dependency), so no hint to run it either; the CSV
-    # and JSON result loggers it would also add are passed in the RunConfig
-    "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
-    # a failed trial's traceback stays in its error file; TrialEvents prints its message
-    "TUNE_PRINT_ALL_TRIAL_ERRORS": "0",
-}
-# Ray prints the errors its raylet reports (a trial's worker died) with a coloured "(raylet)" prefix
-PLAIN_RAY_PREFIX = {"RAY_COLOR_PREFIX": "0"}
-
-
-@contextmanager
-def sweep_console() -> Iterator[None]:
-    settings = SWEEP_CONSOLE if sys.stdout.isatty() else {**SWEEP_CONSOLE, **PLAIN_RAY_PREFIX}
-    before = {key: os.environ.get(key) for key in settings}
-    os.environ.update(settings)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def error_paragraph(error: BaseException | None, longest: int = 600) -> str:
-    """A trial's error as one line: the trial's own exception (not Ray's wrapper with the remote
-    traceback), its message's first paragraph."""
-    from ray.exceptions import RayTaskError
-
-    if error is None:
-        return "its error is in the traceback file"
-    cause = error.cause if isinstance(error, RayTaskError) and error.cause is not None else error
-    line = " ".join(f"{type(cause).__name__}: {cause}".strip().split("\n\n")[0].split())
-    return line if len(line) <= longest else line[:longest - 3] + "..."
-
-
-class TrialEvents(tune.Callback):
-    """One console line per trial event: started or resumed, checkpointed, finished, failed and
-    retried, errored. It is pickled with the Tuner's state (a resumed sweep gets it back), so it
-    holds plain values only."""
-
-    def __init__(self, root: str, metric: str):
-        self.root, self.metric = root, metric
-
-    def _say(self, trial: Any, text: str) -> None:
-        print(f"trial {trial.trial_id} {text}", flush=True)
-
-    def _log(self, trial: Any) -> Path:
-        return Path(self.root) / trial.trial_id / TRIAL_LOG
-
-    def _progress(self, metrics: dict[str, Any] | None) -> str:
-        metrics = metrics or {}
-        steps = metrics.get(m.ENV_STEPS)
-        text = "?" if steps is None else f"{int(steps):,}"
-        value = metrics.get(self.metric)
-        return f"{text} env steps" + ("" if value is None else f", {self.metric} {_format(value)}")
-
-    def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        params = short_params(trial.config.get("params", {}))
-        checkpoint = trial.latest_checkpoint_result
-        if checkpoint is None:
-            self._say(trial, f"started [{params}], its log: {self._log(trial)}")
-        else:
-            steps = checkpoint.metrics.get(m.ENV_STEPS)
-            self._say(trial, f"[{params}] resuming from {int(steps or 0):,} env steps (its last checkpoint)")
-
-    def on_checkpoint(self, iteration: int, trials: list[Any], trial: Any, checkpoint: Any, **info: Any) -> None:
-        # Tune calls this with the checkpoint's own report as the trial's last result, before it
-        # files the checkpoint as the trial's latest
-        self._say(trial, f"checkpointed at {self._progress(trial.last_result)}")
-
-    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        self._say(trial, f"finished at {self._progress(trial.last_result)}")
-
-    def _error(self, trial: Any) -> str:
-        """The trial's error and where to read more: Tune has just written it (the exception
-        pickled, its traceback as text) in the driver's staging folder, and copies both to the
-        sweep's storage later, so the message is read here and the traceback named there."""
-        import cloudpickle
-
-        pickled = trial.pickled_error_file
-        error = cloudpickle.loads(Path(pickled).read_bytes()) if pickled and Path(pickled).exists() else None
-        traceback = f"{trial.path}/{trial.run_metadata.error_filename}"
-        return f"{error_paragraph(error)} (traceback: {traceback}; its log: {self._log(trial)})"
-
-    def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        self._say(trial, f"failed (failure {trial.num_failures}), retried from its last checkpoint: "
-                         f"{self._error(trial)}")
-
-    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        self._say(trial, f"errored at {self._progress(trial.last_result)}: {self._error(trial)}")
-
-
 STATE_FILE = "sweep.json"  # in the sweep's folder: where Tune keeps its state, the parent run, how it ended
-RESUMABLE = ("running", "preempted", "interrupted")  # "running": its driver died without a word (SIGKILL)
 
 
 @dataclass
@@ -173,58 +68,14 @@ def interrupted_sweep(output_dir: str, name: str) -> InterruptedSweep | None:
     """The newest sweep of this name under `output_dir` that did not end and whose Tune state can
     be restored, else None."""
     for root in sorted(Path(output_dir).glob(f"sweep-{name}-*"), reverse=True):  # the stamp sorts by time
-        try:
-            state = json.loads((root / STATE_FILE).read_text())
-        except (OSError, ValueError):  # a sweep from before this file existed, or one cut off mid-write
-            continue
+        state = read_state(root / STATE_FILE)  # {}: a sweep from before this file existed, or cut off mid-write
         if state.get("status") in RESUMABLE and tune.Tuner.can_restore(state["tune_path"]):
             return InterruptedSweep(root, state["tune_path"], state.get("parent_run_id"))
     return None
 
 
 def _write_state(root: Path, tune_path: str, parent: ParentRun | None, status: str) -> None:
-    root.mkdir(parents=True, exist_ok=True)
-    state = {"tune_path": tune_path, "parent_run_id": parent.run_id if parent else None, "status": status}
-    (root / STATE_FILE).write_text(json.dumps(state, indent=1))
-
-
-class SweepStopSignals:
-    """SIGTERM as Tune takes SIGINT. During `fit()` Tune answers a SIGINT by stopping its trials,
-    saving the experiment state and returning, which is what a preemption notice needs; SIGTERM
-    would meet the handler `ray.init` installs (sys.exit: trials killed, nothing saved). So SIGTERM
-    is turned into a SIGINT. A second signal raises KeyboardInterrupt at once (Tune's handler puts
-    the previous SIGINT handler back after its first signal)."""
-
-    def __init__(self) -> None:
-        self.received: str | None = None
-
-    @contextmanager
-    def installed(self) -> Iterator[SweepStopSignals]:
-        """Handle SIGTERM while the block runs (in the main thread only: nowhere else may a handler
-        be set); the SIGTERM and SIGINT handlers from before afterwards (Tune leaves its SIGINT
-        handler in place when no signal came)."""
-        if threading.current_thread() is not threading.main_thread():
-            yield self
-            return
-        previous_interrupt = signal.getsignal(signal.SIGINT)
-        previous_terminate = signal.signal(signal.SIGTERM, self._handle)
-        try:
-            yield self
-        finally:
-            signal.signal(signal.SIGTERM, previous_terminate)
-            signal.signal(signal.SIGINT, previous_interrupt)
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.received is not None:
-            raise KeyboardInterrupt(f"a second stop signal ({signal.Signals(signum).name})")
-        self.received = signal.Signals(signum).name
-        # straight to stderr: a handler that prints could re-enter a stream's lock
-        os.write(2, f"\n{self.received}: stopping the sweep's trials and saving its state; "
-                    "send it again to stop at once\n".encode())
-        interrupt = signal.getsignal(signal.SIGINT)  # Tune's inside fit(), Python's (KeyboardInterrupt) outside
-        if not callable(interrupt):  # SIGINT ignored (a background job of a script) or left to the OS
-            raise KeyboardInterrupt(self.received)
-        interrupt(signal.SIGINT, frame)
+    write_state(root / STATE_FILE, tune_path=tune_path, parent_run_id=parent.run_id if parent else None, status=status)
 
 
 def run_sweep(sweep: Sweep, track: bool = True, report: Any = print, resume: bool = False) -> dict[str, Any]:
@@ -258,94 +109,63 @@ def run_sweep(sweep: Sweep, track: bool = True, report: Any = print, resume: boo
     # the embedded Ray holds max_concurrent_trials of the largest trial (a running cluster is used as is)
     sizes = [trial_bundles(sweep.trial_spec(params)) for params in _probe_params(sweep)]
     largest = max(sizes, key=lambda bundles: sum(bundle.get("CPU", 0.0) for bundle in bundles))
-    # the trials' output stays in their own logs (and Ray's): the console is Tune's table and TrialEvents
-    started_ray = cluster.connect(None, cpus=sum(b.get("CPU", 0.0) for b in largest) * spec.max_concurrent_trials,
-                                  py_modules=base_spec.env.py_modules, log_to_driver=False)
-    # after Ray started its processes (they do not inherit it), until it is shut down (its error
-    # messages come at any time)
-    with sweep_console():
-        status, ending = "FAILED", "failed"  # how the parent run and the sweep's state file end, unless told otherwise
-        tune_path = ""  # set once Tune holds the sweep: before that, a failure leaves an earlier state file as it was
-        # from here on SIGTERM is ours, not the handler ray.init installed
-        with SweepStopSignals().installed():
-            try:
-                cluster.check_capacity(largest, what="the sweep's largest trial")  # else Tune would wait forever
-                trainable = tune.with_parameters(
-                    sweep_trial, base=base, root=str(root),
-                    tracking=parent.child_tracking(spec.name, {}) if parent else None,
-                )
-                # each trial's placement group: a bundle for the trial itself, then its own spec's bundles
-                resources = lambda config: trial_resources(validate_spec(set_values(base, config["params"])))  # noqa: E731
-                if earlier is not None:
-                    # unfinished and errored trials continue from their last reported checkpoint, finished ones stay
-                    tuner = tune.Tuner.restore(earlier.tune_path, tune.with_resources(trainable, resources),
-                                               resume_unfinished=True, resume_errored=True)
-                    tune_path = earlier.tune_path
-                else:
-                    storage = tune_storage(spec.storage, root.parent / "tune", sweep.path)
-                    tuner = _new_tuner(sweep, tune.with_resources(trainable, resources), root, storage)
-                    tune_path = f"{storage.rstrip('/')}/{root.name}"  # a URI stays one
-                _write_state(root, tune_path, parent, "running")
-                results = tuner.fit()
-                trials_left = _trials_left(tune_path)
-                preempted = bool(trials_left)
-                if parent is not None and preempted:
-                    _mark_stopped_children(parent, trials_left)
-                trials = [_row(result, spec.metric) for result in results]
-                finished = [t for t in trials if t["metric"] is not None and t["error"] is None]
-                best = None
-                if finished:
-                    pick = max if spec.mode == "max" else min
-                    best = pick(finished, key=lambda t: t["metric"])
-                status = "KILLED" if preempted else "FINISHED" if finished else "FAILED"
-                ending = "preempted" if preempted else status.lower()
-                if parent is not None:
-                    table = root / "trials.json"
-                    root.mkdir(parents=True, exist_ok=True)
-                    table.write_text(json.dumps(trials, indent=1, default=str))
-                    parent.log_artifact(table)
-                    if best is not None:
-                        best_tags = {"aa_ray.best_trial": best["trial_id"],
-                                     "aa_ray.best_params": json.dumps(best["params"])}
-                        parent.log(metrics={f"best/{spec.metric}": best["metric"]}, tags=best_tags)
-                return {"trials": trials, "best": best, "root": str(root),
-                        "parent_run_id": parent.run_id if parent else None, "preempted": preempted}
-            except KeyboardInterrupt:  # a second signal, or one before fit(): Tune's last saved state still restores
-                status, ending = "KILLED", "interrupted"
-                raise
-            finally:
-                if tune_path:
-                    _write_state(root, tune_path, parent, ending)
-                end_invocation(parent, status, started_ray, report)
-
-
-def _trials_left(tune_path: str) -> set[str]:
-    """The trials Tune's saved experiment state still has to run, as a stop signal leaves it (the
-    trials `fit()` returns all read as ended then: Tune stops them after saving the state)."""
-    from ray.tune.experiment import Trial
-
-    saved = tune.ExperimentAnalysis(tune_path)
-    return {trial.trial_id for trial in saved.trials if trial.status not in (Trial.TERMINATED, Trial.ERROR)}
-
-
-def _mark_stopped_children(parent: ParentRun, trial_ids: set[str]) -> None:
-    """The child runs of trials a stop signal cut short are KILLED, as a preempted `aa-ray run` is
-    (a stopped trial's own process may have ended its run FAILED on the way out); they continue on
-    resume."""
-    for child in parent.children():
-        if child.data.tags.get(TRIAL_TAG) in trial_ids and child.info.status != "FINISHED":
-            retry_locked(lambda child=child: parent.client.set_terminated(child.info.run_id, status="KILLED"))
+    session = TuneSession("sweep's trials")
+    session.start(sum(b.get("CPU", 0.0) for b in largest) * spec.max_concurrent_trials, base_spec.env.py_modules)
+    status, ending = "FAILED", "failed"  # how the parent run and the sweep's state file end, unless told otherwise
+    tune_path = ""  # set once Tune holds the sweep: before that, a failure leaves an earlier state file as it was
+    try:
+        cluster.check_capacity(largest, what="the sweep's largest trial")  # else Tune would wait forever
+        trainable = tune.with_parameters(
+            sweep_trial, base=base, root=str(root), tracking=parent.child_tracking(spec.name, {}) if parent else None,
+        )
+        # each trial's placement group: a bundle for the trial itself, then its own spec's bundles
+        resources = lambda config: trial_resources(validate_spec(set_values(base, config["params"])))  # noqa: E731
+        if earlier is not None:
+            # unfinished and errored trials continue from their last reported checkpoint, finished ones stay
+            tuner = tune.Tuner.restore(earlier.tune_path, tune.with_resources(trainable, resources),
+                                       resume_unfinished=True, resume_errored=True)
+            tune_path = earlier.tune_path
+        else:
+            storage = tune_storage(spec.storage, root.parent / "tune", sweep.path)
+            tuner = _new_tuner(sweep, tune.with_resources(trainable, resources), root, storage)
+            tune_path = f"{storage.rstrip('/')}/{root.name}"  # a URI stays one
+        _write_state(root, tune_path, parent, "running")
+        results = tuner.fit()
+        left = trials_left(tune_path)
+        preempted = bool(left)
+        if parent is not None and preempted:
+            mark_stopped_children(parent, TRIAL_TAG, set(left), session.signals.stop_reason())
+        trials = [_row(result, spec.metric) for result in results]
+        finished = [t for t in trials if t["metric"] is not None and t["error"] is None]
+        best = None
+        if finished:
+            pick = max if spec.mode == "max" else min
+            best = pick(finished, key=lambda t: t["metric"])
+        status = "KILLED" if preempted else "FINISHED" if finished else "FAILED"
+        ending = "preempted" if preempted else status.lower()
+        if parent is not None:
+            table = root / "trials.json"
+            root.mkdir(parents=True, exist_ok=True)
+            table.write_text(json.dumps(trials, indent=1, default=str))
+            parent.log_artifact(table)
+            if best is not None:
+                best_tags = {"aa_ray.best_trial": best["trial_id"], "aa_ray.best_params": json.dumps(best["params"])}
+                parent.log(metrics={f"best/{spec.metric}": best["metric"]}, tags=best_tags)
+        return {"trials": trials, "best": best, "root": str(root),
+                "parent_run_id": parent.run_id if parent else None, "preempted": preempted}
+    except KeyboardInterrupt:  # a second signal, or one before fit(): Tune's last saved state still restores
+        status, ending = "KILLED", "interrupted"
+        raise
+    finally:
+        if tune_path:
+            _write_state(root, tune_path, parent, ending)
+        session.end(parent, status, report)
 
 
 def _new_tuner(sweep: Sweep, trainable: Any, root: Path, storage: str) -> tune.Tuner:
-    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
-
     spec = sweep.spec
-    status_table = tune.CLIReporter(
-        parameter_columns={f"params/{key}": key.rsplit(".", 1)[-1] for key in spec.search_space},
-        metric_columns={m.ENV_STEPS: "env steps", spec.metric: spec.metric},
-        max_report_frequency=STATUS_EVERY_S,  # the sweep's metric and mode come from its TuneConfig
-    )
+    # the sweep's metric and mode come from its TuneConfig
+    table = status_table({f"params/{key}": key.rsplit(".", 1)[-1] for key in spec.search_space}, spec.metric)
     return tune.Tuner(
         trainable,
         param_space={"params": {key: domain.to_tune() for key, domain in spec.search_space.items()}},
@@ -358,8 +178,7 @@ def _new_tuner(sweep: Sweep, trainable: Any, root: Path, storage: str) -> tune.T
             name=root.name, storage_path=storage,
             failure_config=tune.FailureConfig(max_failures=spec.max_failures),
             # verbose 1: the status table only; TrialEvents says what happens to each trial
-            verbose=1, progress_reporter=status_table,
-            callbacks=[CSVLoggerCallback(), JsonLoggerCallback(), TrialEvents(str(root), spec.metric)],
+            verbose=1, progress_reporter=table, callbacks=[*result_loggers(), TrialEvents(str(root), spec.metric)],
         ),
     )
 
@@ -424,7 +243,7 @@ def trials_table(outcome: dict[str, Any], metric: str) -> str:
         value = "-" if trial["metric"] is None else f"{trial['metric']:.4g}"
         table.add_row(
             trial["trial_id"] + (" (best)" if trial["trial_id"] == best else ""),
-            *[_format(trial["params"].get(key, "")) for key in keys],
+            *[format_value(trial["params"].get(key, "")) for key in keys],
             value, str(int(trial["env_steps"] or 0)), status,
         )
     console = Console(width=160, record=True)
