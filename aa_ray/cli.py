@@ -109,14 +109,27 @@ def _parser() -> argparse.ArgumentParser:
         "suite", help="a benchmark suite: specs x envs x seeds as Tune trials, resumable (see specs/suites/)"
     )
     suite.add_argument("spec", help="path to a YAML suite spec")
-    suite.add_argument("--force", action="store_true", help="rerun every cell under a new parent run")
+    suite_start = suite.add_mutually_exclusive_group()
+    suite_start.add_argument("--force", action="store_true", help="rerun every cell under a new parent run")
+    suite_start.add_argument(
+        "--resume", nargs="?", const="latest", choices=["latest"],
+        help="continue the suite a signal (or a crash of this command) interrupted: unfinished cells from their "
+        "newest checkpoint, into the same MLflow runs (what every invocation of a suite does; it says so)",
+    )
     suite.add_argument("--only", nargs="+", metavar="LABEL_OR_ENV",
                        help="run only the cells of these spec labels or env ids (the rest wait for a later call)")
     suite.add_argument("--no-track", action="store_true", help="do not record the suite in MLflow")
 
     pipeline = commands.add_parser("pipeline", help="train / rollout / train stages as Tune trials (specs/pipelines/)")
     pipeline.add_argument("spec", help="path to a YAML pipeline spec")
-    pipeline.add_argument("--force", action="store_true", help="rerun every stage, even unchanged completed ones")
+    pipeline_start = pipeline.add_mutually_exclusive_group()
+    pipeline_start.add_argument("--force", action="store_true",
+                                help="rerun every stage, even unchanged completed ones")
+    pipeline_start.add_argument(
+        "--resume", nargs="?", const="latest", choices=["latest"],
+        help="continue the pipeline's newest invocation if a signal (or a crash of this command) interrupted it: "
+        "the same MLflow parent run, its completed stages not rerun, the stopped stage from its newest checkpoint",
+    )
     pipeline.add_argument("--no-track", action="store_true", help="do not record the pipeline in MLflow")
 
     report = commands.add_parser("report", help="compare runs from the MLflow store: curves (PNG, HTML) and a table")
@@ -443,8 +456,13 @@ def _tune_command(args: argparse.Namespace) -> int:
         if args.command == "suite":
             from aa_ray.tune.suite import cells_table, run_suite
 
-            outcome = run_suite(loaded, force=args.force, track=not args.no_track, only=args.only)
+            outcome = run_suite(loaded, force=args.force, track=not args.no_track, only=args.only,
+                                resume=args.resume is not None)
             _say(cells_table(outcome))
+            if outcome["preempted"]:
+                _say(f"suite stopped by a signal ({outcome['root']}); continue it with the same command and "
+                      "--resume latest (stopped cells resume from their newest checkpoint)", file=sys.stderr)
+                return PREEMPTED_EXIT_CODE
             if outcome["parent_run_id"]:
                 _say(f"report: aa-ray report --parent {outcome['parent_run_id']}")
             failed = [row for row in outcome["cells"] if row["status"] == "failed"]
@@ -452,11 +470,16 @@ def _tune_command(args: argparse.Namespace) -> int:
         from aa_ray.tune.pipeline import PipelineError, run_pipeline
 
         try:
-            outcome = run_pipeline(loaded, force=args.force, track=not args.no_track)
+            outcome = run_pipeline(loaded, force=args.force, track=not args.no_track, resume=args.resume is not None)
         except PipelineError as err:
             return _fail(str(err), code=1)
         for name, stage in outcome["stages"].items():
             _say(f"{name}: {stage['status']}  {stage['output']}")
+        if outcome["preempted"]:
+            _say(f"pipeline stopped by a signal at stage {outcome['stopped_stage']!r} ({outcome['root']}); continue "
+                  "it with the same command and --resume latest (the stage resumes from its newest checkpoint)",
+                  file=sys.stderr)
+            return PREEMPTED_EXIT_CODE
         return 0
     except ResourceError as err:
         return _fail(str(err), code=1)
