@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -169,3 +170,51 @@ def test_resume_latest_after_the_algo_changed_starts_a_new_run(finished_run: Pat
                             cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert longer.returncode == 0, longer.stderr[-3000:]
     assert f"resuming from {final.relative_to(tmp_path)}" in longer.stdout
+
+
+# ---- an MLflow store that cannot be written ------------------------------------------------------
+
+def read_only_folder(tmp_path: Path) -> Path:
+    """A folder this process cannot write to: made read-only, or (as root, whom permissions do not
+    stop) /sys, which the kernel refuses files in."""
+    folder = tmp_path / "read_only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    if not os.access(folder, os.W_OK):
+        return folder
+    if os.path.isdir("/sys") and _refuses_files("/sys"):
+        return Path("/sys")
+    pytest.skip("no read-only folder here (root, and /sys accepts files)")
+
+
+def _refuses_files(folder: str) -> bool:
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return False
+    except OSError:
+        return True
+
+
+def refused_in_one_paragraph(uri: str, folder: Path, names: Path) -> None:
+    # MLflow's own retries took 109 s to give up on such a store
+    run = subprocess.run(command(), cwd=folder, capture_output=True, text=True, timeout=90,
+                         env={**os.environ, "MLFLOW_TRACKING_URI": uri})
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert run.stderr.startswith(f"aa-ray: error: MLflow tracking store {names} ")
+    assert "cannot be written" in run.stderr and "--no-track" in run.stderr
+    assert "Traceback" not in run.stderr and run.stderr.count("\n") == 1
+    assert not (folder / "runs").exists()
+
+
+def test_a_sqlite_store_in_a_read_only_folder_is_refused_before_the_run_starts(tmp_path: Path) -> None:
+    store = read_only_folder(tmp_path) / "mlflow.db"
+    refused_in_one_paragraph(f"sqlite:///{store}", tmp_path, store)
+
+
+def test_a_read_only_sqlite_file_is_refused_before_the_run_starts(tmp_path: Path) -> None:
+    store = tmp_path / "mlflow.db"
+    store.write_bytes(b"")
+    store.chmod(0o444)
+    if os.access(store, os.W_OK):
+        pytest.skip("running as root: a read-only file is still writable")
+    refused_in_one_paragraph(f"sqlite:///{store}", tmp_path, store)

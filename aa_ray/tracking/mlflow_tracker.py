@@ -16,6 +16,7 @@ import json
 import os
 import random
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -66,14 +67,58 @@ _NO_TRACKING = "run without tracking (--no-track, or tracking.enabled: false in 
 
 
 def check_store_answers(uri: str) -> None:
-    """A tracking server that does not answer now is a TrackingError in one line, at once (MLflow's
-    client would retry each call for minutes first)."""
+    """A tracking server that does not answer now, or a SQLite store this process cannot write, is a
+    TrackingError in one line, at once (MLflow's client would retry each call for minutes first)."""
     problem = store_answers(uri)
     if problem is not None:
         raise TrackingError(
             f"MLflow tracking server {without_credentials(uri)} does not answer ({problem}): start it (e.g. "
             f"mlflow server --host 127.0.0.1 --port 5000), point MLFLOW_TRACKING_URI at one that runs, "
             f"or {_NO_TRACKING}."
+        )
+    check_sqlite_writable(uri)
+
+
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a SQLite tracking URI (relative to this folder if the URI's path is);
+    None for any other store, SQLite in memory, or a SQLite URI filename (`file:...?mode=ro`: its
+    options, read-only ones included, are SQLite's to apply)."""
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix):
+        return None
+    path = uri[len(prefix):].split("?", 1)[0]
+    return None if path in ("", ":memory:") or path.startswith("file:") else Path(path).absolute()
+
+
+def check_sqlite_writable(uri: str) -> None:
+    """A SQLite store is written where it lies: the file itself, and its folder (SQLite keeps a
+    journal beside it; MLflow makes a missing folder). Probed by opening the file for writing and
+    making (and removing) a temporary file beside it, which changes nothing, as a read-only file,
+    folder or file system refuses them now and not after MLflow's retries."""
+    path = sqlite_file(uri)
+    if path is None:
+        return
+    folder = next(p for p in (path.parent, *path.parents) if p.exists())
+    problem = None
+    if path.is_dir():
+        problem = "it is a folder"
+    elif path.exists():
+        try:
+            with open(path, "r+b"):
+                pass
+        except OSError as err:
+            problem = f"the file is not writable: {err.strerror or err}"
+    if problem is None:
+        try:
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as err:
+            problem = f"its folder {folder} takes no new files: {err.strerror or err}"
+    if problem is not None:
+        raise TrackingError(
+            f"MLflow tracking store {path} (from the tracking URI {without_credentials(uri)}) cannot be written "
+            f"({problem}): make the file and its folder writable for this user, point MLFLOW_TRACKING_URI at a "
+            f"SQLite file in a folder you can write (e.g. sqlite:///mlflow.db here), or {_NO_TRACKING}."
         )
 
 
