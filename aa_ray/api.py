@@ -25,6 +25,10 @@ each with a message that names the field or file.
 
 from __future__ import annotations
 
+import io
+import logging
+import os
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +37,7 @@ from typing import Any, Literal
 import numpy as np
 
 from aa_ray import metric_names as m
-from aa_ray.errors import UserError
+from aa_ray.errors import UserError, write_failure
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import SpecError, apply_overrides, read_yaml, set_values, validate_spec
 
@@ -257,17 +261,47 @@ class Policy:
         partial = out.with_name(out.name + ".partial")  # a failed export leaves no file behind
         _prepare_to_write(out, "policy file", first_write=partial)
         try:
+            # serialized in memory, then written with Python's own I/O: torch's writers abort the process
+            # (TorchScript) or leave an external-data file (ONNX) when the disk fills up under them
             with torch.no_grad():
                 if format == "torchscript":
-                    torch.jit.trace(self.bounded, example).save(str(partial))
+                    buffer = io.BytesIO()
+                    torch.jit.save(torch.jit.trace(self.bounded, example), buffer)
+                    data = buffer.getvalue()
                 else:
-                    torch.onnx.export(self.bounded, (example,), str(partial), input_names=["obs"],
-                                      output_names=["action"], dynamic_shapes={"obs": {0: torch.export.Dim("batch")}},
-                                      dynamo=True, verbose=False)
+                    data = _onnx_bytes(self.bounded, example)
+            try:
+                with open(partial, "wb") as file:
+                    file.write(data)
+                    file.flush()
+                    os.fsync(file.fileno())
+            except OSError as err:
+                raise ExportError(f"cannot write the policy file {out}: {write_failure(out, err)}; nothing was "
+                                  "left behind.") from None
             partial.replace(out)
         finally:
             partial.unlink(missing_ok=True)
         return out
+
+
+def _onnx_bytes(module: Any, example: Any) -> bytes:
+    """`module` as an ONNX model (batch dimension dynamic), serialized. The exporter's warnings about
+    optional packages it does without (torchvision) and torch's deprecations inside it are not the
+    user's concern: they are kept off the terminal while it runs."""
+    import torch
+
+    exporter_log = logging.getLogger("torch.onnx")
+    level = exporter_log.level
+    exporter_log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            program = torch.onnx.export(module, (example,), None, input_names=["obs"], output_names=["action"],
+                                        dynamic_shapes={"obs": {0: torch.export.Dim("batch")}}, dynamo=True,
+                                        verbose=False)
+    finally:
+        exporter_log.setLevel(level)
+    return program.model_proto.SerializeToString()
 
 
 def _prepare_to_write(target: Path, what: str, first_write: Path | None = None) -> None:

@@ -69,6 +69,8 @@ def _parser() -> argparse.ArgumentParser:
     rollout.add_argument("--dataset-id", metavar="ID",
                          help="with --format minari: the Minari id, (namespace/)name-v<N> (default <spec name>/"
                          "<scripted|policy>-v0)")
+    rollout.add_argument("--overwrite", action="store_true",
+                         help="replace a Parquet dataset already at --out (once the new one is complete)")
     rollout.add_argument("--track", action="store_true",
                          help="record the rollout as an MLflow run, with the dataset it wrote as its input")
     source = rollout.add_mutually_exclusive_group(required=True)
@@ -359,7 +361,7 @@ def _rollout(spec: ExperimentSpec, args: argparse.Namespace) -> int:
         summary = rollout(
             spec, args.out, args.episodes, checkpoint=args.checkpoint, scripted=args.scripted,
             deterministic=args.deterministic, dataset_format=args.format, dataset_id=args.dataset_id,
-            trust_code=args.trust_code,
+            trust_code=args.trust_code, overwrite=args.overwrite,
         )
     except (UserError, CheckpointError, RolloutError, DatasetError) as err:
         return _fail(str(err))

@@ -95,3 +95,50 @@ def _pruned(disk: Path) -> bool:
     """keep_last=2 has removed the first checkpoint (at about 100 env steps)."""
     kept = complete(disk)
     return len(kept) == 2 and int(kept[0].name.removeprefix("step_")) >= 200  # named by its env steps
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real pusher-reach checkpoint (a fresh learner's weights), off the small disk."""
+    from aa_ray.runtime.checkpoint import save_checkpoint
+    from aa_ray.runtime.learner import Learner
+    from aa_ray.spec.loader import load_spec
+
+    spec = load_spec(SPECS / "sac.yaml", SMALL)
+    state = {"counters": {"env_steps": 0, "iterations": 0, "episodes": 0, "next_eval": 1000},
+             "learner": Learner(spec, 10, 2).state_dict(), "runners": []}
+    return save_checkpoint(tmp_path_factory.mktemp("ckpt") / "final", spec, state)
+
+
+def one_message(run: subprocess.CompletedProcess, *expected: str) -> str:
+    assert run.returncode == 2, (run.stdout + run.stderr)[-3000:]
+    err = run.stderr.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err[-3000:]
+    for text in expected:
+        assert text in err, err
+    return err
+
+
+@pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
+def test_export_onto_a_full_disk_is_one_message_and_leaves_nothing(checkpoint: Path, small_disk: Path,
+                                                                   fmt: str) -> None:
+    fill(small_disk)
+    out = small_disk / "policies" / f"policy.{fmt}"
+    export = subprocess.run([sys.executable, "-m", "aa_ray.cli", "export", str(checkpoint), "--format", fmt,
+                             "--out", str(out)], capture_output=True, text=True, timeout=300)
+    one_message(export, "is full", str(out))  # torch.jit's writer used to abort the process (SIGABRT)
+    assert sorted(p.name for p in out.parent.iterdir()) == [], "a .partial (or .partial.data) is left"
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "minari"])
+def test_a_rollout_onto_a_full_disk_is_one_message_and_leaves_nothing(small_disk: Path, fmt: str) -> None:
+    fill(small_disk)
+    out = small_disk / "datasets" / ("pusher.parquet" if fmt == "parquet" else "root")
+    settings = [arg for item in SMALL for arg in ("--set", item)]
+    rollout = subprocess.run(
+        [sys.executable, "-m", "aa_ray.cli", "rollout", str(SPECS / "sac.yaml"), *settings, "--scripted",
+         "--episodes", "4", "--format", fmt, "--out", str(out)], capture_output=True, text=True, timeout=300,
+    )
+    one_message(rollout, "could not be written", "is full", "nothing of it was left behind")
+    left = sorted(str(p.relative_to(small_disk)) for p in small_disk.rglob("*") if p.name != "ballast")
+    assert left in ([], ["datasets"]), left  # the Minari root the rollout made is gone too

@@ -82,7 +82,7 @@ spec = {
     "runners": {"num_runners": 2}, "runtime": {"backend": sys.argv[1]},
 }
 result = Experiment(spec, env_creator=make_env).fit(track=False, progress="plain")
-policy = load_policy(result.checkpoint)  # imports __main__:make_env, this script's
+policy = load_policy(result.checkpoint, trust_code=True)  # imports __main__:make_env, this script's
 assert policy.spec.env.id == "__main__:make_env", policy.spec.env.id
 assert policy.evaluate(episodes=2) == {k: v for k, v in result.metrics.items() if k != "eval/at_env_steps"}
 print("ACTION", policy.predict(np.zeros(4)).tolist())
@@ -103,7 +103,9 @@ def test_api_trains_with_an_env_creator_on_ray_and_inline_alike(project: Path) -
         outputs[backend] = [line for line in done.stdout.splitlines() if line.startswith(("ACTION", "CHECKPOINT"))]
     assert outputs["ray"][0] == outputs["inline"][0]  # the same policy, to the last digit
     checkpoint = outputs["ray"][1].removeprefix("CHECKPOINT ")
-    elsewhere = aa_ray("eval", checkpoint, "--episodes", "1", cwd=project)
+    refused = aa_ray("eval", checkpoint, "--episodes", "1", cwd=project)  # a file that names code: no opt-in
+    assert refused.returncode == 2 and "--trust-code" in refused.stderr and "__main__:make_env" in refused.stderr
+    elsewhere = aa_ray("eval", checkpoint, "--episodes", "1", "--trust-code", cwd=project)
     assert elsewhere.returncode != 0 and "Traceback" not in elsewhere.stderr
     assert "env_creator" in elsewhere.stderr and "__main__" in elsewhere.stderr, elsewhere.stderr
 

@@ -19,6 +19,7 @@ from torch import nn
 
 from aa_ray.algos import crossq, droq, ppo, sac, sac_dist, sac_dist_simba, sac_simba, td3
 from aa_ray.algos.contract import TrainingSetup
+from aa_ray.errors import what_user_code_did
 from aa_ray.nets.policy import ObsDims
 
 
@@ -56,6 +57,8 @@ def load_plugin(module: str) -> Registered:
             f"algo.plugin: cannot import {module!r} ({err}); install the package that holds it, or list its "
             "folder in env.py_modules so that every process of the run can import it"
         ) from None
+    except (Exception, SystemExit) as err:  # the plugin's own code failed (or exited) while it was imported
+        raise ValueError(f"algo.plugin: importing {module!r} {what_user_code_did(err)}; fix the error in it") from None
     entry = getattr(imported, "ALGORITHM", None)
     if not isinstance(entry, Registered):
         raise ValueError(

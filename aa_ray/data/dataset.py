@@ -37,6 +37,7 @@ are never loaded whole: `TransitionDataset.iter_batches` streams record batches 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -287,7 +288,11 @@ class DatasetWriter(WholeOrNothing):
         self.schema = _schema(self.meta)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = self.path.with_name(self.path.name + ".tmp")
-        self.writer = pq.ParquetWriter(self.tmp, self.schema)
+        try:
+            self.writer = pq.ParquetWriter(self.tmp, self.schema)
+        except (OSError, pa.ArrowException):  # it writes the file's header at once: a full disk fails here
+            self.tmp.unlink(missing_ok=True)
+            raise
         self.num_transitions = 0
         self.episodes: set[int] = set()
 
@@ -307,7 +312,8 @@ class DatasetWriter(WholeOrNothing):
         return self.path
 
     def abort(self) -> None:
-        self.writer.close()
+        with contextlib.suppress(OSError, pa.ArrowException):  # closing flushes: on a full disk that fails too
+            self.writer.close()
         self.tmp.unlink(missing_ok=True)
 
 

@@ -27,6 +27,7 @@ loads Parquet. Only flat Box observations are supported (grouped Dict observatio
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -207,6 +208,8 @@ class MinariWriter(ds.WholeOrNothing):
         if not (np.isfinite(self.act_low).all() and np.isfinite(self.act_high).all()):
             raise ds.DatasetError(f"env {meta.env_id}'s action space {self.action_space} is unbounded: "
                                   "policy actions in [-1, 1] cannot be mapped onto it.")
+        # the folders this writer makes: an aborted write removes them again (when still empty)
+        self.made = [folder for folder in (self.root, *self.root.parents) if not folder.exists()]
         self.root.mkdir(parents=True, exist_ok=True)
         self.staging = Path(tempfile.mkdtemp(prefix=".aa-ray-staging-", dir=self.root))
         self.dataset: MinariDataset | None = None
@@ -277,6 +280,9 @@ class MinariWriter(ds.WholeOrNothing):
 
     def abort(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
+        for folder in self.made:  # deepest first
+            with contextlib.suppress(OSError):  # not empty: someone else's files are there now
+                folder.rmdir()
 
 
 # ---- reading ---------------------------------------------------------------------------------

@@ -12,15 +12,18 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+import pyarrow as pa
 
 from aa_ray.data import minari_format
 from aa_ray.data.dataset import DatasetMeta, DatasetWriter, dataset_meta
 from aa_ray.data.scripted import scripted_controllers
+from aa_ray.errors import write_failure
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import spec_to_dict, validate_spec
 from aa_ray.spec.trust import named_code, refuse_untrusted_code
@@ -96,6 +99,7 @@ def minari_root(out: str | Path | None) -> Path:
 
 def open_writer(
     spec: ExperimentSpec, out: str | Path | None, meta: DatasetMeta, dataset_format: str, dataset_id: str | None,
+    overwrite: bool = False,
 ) -> DatasetWriter | minari_format.MinariWriter:
     """The writer of a rollout's dataset; every problem with where it goes is raised here, before
     any actor starts."""
@@ -110,7 +114,26 @@ def open_writer(
         raise RolloutError("--out PATH (the .parquet file to write) is needed")
     if Path(out).is_dir():
         raise RolloutError(f"--out {out} is a folder; pass the path of the .parquet file to write")
+    if Path(out).exists() and not overwrite:
+        raise RolloutError(f"--out {out} already exists (a dataset someone may still need); pass --overwrite to "
+                           "replace it once the new one is complete, or choose another path")
     return DatasetWriter(out, meta)
+
+
+@contextmanager
+def whole_or_nothing(writer: DatasetWriter | minari_format.MinariWriter) -> Iterator[None]:
+    """The writer's block: the dataset moved into place at its end, removed if it raises; a write that
+    fails (a full disk, a folder taken away) is one RolloutError naming the dataset and why."""
+    try:
+        with writer:
+            yield
+    except (OSError, pa.ArrowException) as err:
+        raise not_written(writer.path, err) from None
+
+
+def not_written(dataset: Path, err: BaseException) -> RolloutError:
+    return RolloutError(f"the dataset {dataset} could not be written: {write_failure(dataset, err)}; nothing of it "
+                        "was left behind.")
 
 
 def rollout_bundles(spec: ExperimentSpec) -> list[dict[str, float]]:
@@ -129,6 +152,7 @@ def rollout(
     dataset_format: DatasetFormat = "parquet",
     dataset_id: str | None = None,
     trust_code: bool = False,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Write `episodes` episodes of the spec's env to the dataset `out`: a Parquet file, or with
     `dataset_format="minari"` a Minari dataset `<out>/<dataset_id>` (out: the dataset root, default
@@ -139,7 +163,9 @@ def rollout(
     objects in this process. Returns a summary: path, episodes, transitions, mean_return, producer,
     and `mean_<name>` for each task metric the env reports (mean_success from is_success;
     `aa_ray.envs.info_metrics`). `trust_code`: run the code the checkpoint's stored spec names
-    beyond what `spec` names (`aa_ray.spec.trust`)."""
+    beyond what `spec` names (`aa_ray.spec.trust`). `overwrite`: replace a Parquet dataset already at
+    `out` (refused otherwise; a Minari dataset is never replaced). A disk that fills up is a
+    RolloutError, with nothing of the dataset left behind."""
     from aa_ray.envs import env_dims
     from aa_ray.envs.info_metrics import metric_name
     from aa_ray.runtime import cluster
@@ -159,10 +185,13 @@ def rollout(
         spec, policy_state = policy_from_checkpoint(spec, checkpoint, trust_code)
         producer = str(Path(checkpoint).resolve())
     meta = dataset_meta(spec, producer)
-    writer = open_writer(spec, out, meta, dataset_format, dataset_id)
+    try:
+        writer = open_writer(spec, out, meta, dataset_format, dataset_id, overwrite)
+    except (OSError, pa.ArrowException) as err:
+        raise not_written(Path(out or "."), err) from None
 
     # closed (moved into place) only once every episode is written; removed on any error
-    with writer:
+    with whole_or_nothing(writer):
         started_ray = spec.runtime.backend == "ray" and cluster.connect(spec)
         graph: ActorGraph | None = None
         try:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +15,7 @@ import numpy as np
 
 from aa_ray.envs.obs_groups import GroupedObservations, ObsLayoutError, obs_layout
 from aa_ray.envs.source import EnvSourceError, make_target, prepare
-from aa_ray.errors import SpecError
+from aa_ray.errors import SpecError, what_user_code_did
 from aa_ray.nets.policy import ObsDims
 
 if TYPE_CHECKING:
@@ -41,22 +43,55 @@ def env_kwargs(spec: ExperimentSpec) -> dict[str, Any]:
     return kwargs
 
 
-def make_vector_env(spec: ExperimentSpec, num_envs: int, same_step_reset: bool = False) -> gym.vector.VectorEnv:
+def make_vector_env(spec: ExperimentSpec, num_envs: int, same_step_reset: bool = False,
+                    show_model_warnings: bool = True) -> gym.vector.VectorEnv:
     """E copies of the spec's env. By default a finished env resets on the *next* step (gymnasium's
     default); `same_step_reset` resets it within the step that ended the episode and reports the
     final observation in `info["final_obs"]`, which keeps on-policy rollouts free of reset rows.
-    EnvSetupError, naming the env, the process and the env's own error, when it cannot be made."""
+    MuJoCo's warnings while the models compile as `model_warnings_once`. EnvSetupError, naming the
+    env, the process and the env's own error, when it cannot be made."""
     kwargs = env_kwargs(spec)
     if same_step_reset:
         kwargs["vector_kwargs"] = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
     # "sync" keeps the E copies in this actor's process: parallelism comes from more runners
     return _made(spec, lambda: gym.make_vec(make_target(spec.env), num_envs=num_envs, vectorization_mode="sync",
-                                            wrappers=[partial(grouped, spec=spec)], **kwargs))
+                                            wrappers=[partial(grouped, spec=spec)], **kwargs),
+                 show_model_warnings)
 
 
-def make_env(spec: ExperimentSpec, **make_kwargs: Any) -> gym.Env:
-    """One copy of the spec's env (e.g. `render_mode="rgb_array"` for a video); errors as `make_vector_env`."""
-    return _made(spec, lambda: grouped(gym.make(make_target(spec.env), **env_kwargs(spec), **make_kwargs), spec))
+def make_env(spec: ExperimentSpec, show_model_warnings: bool = True, **make_kwargs: Any) -> gym.Env:
+    """One copy of the spec's env (e.g. `render_mode="rgb_array"` for a video); warnings and errors
+    as `make_vector_env`."""
+    return _made(spec, lambda: grouped(gym.make(make_target(spec.env), **env_kwargs(spec), **make_kwargs), spec),
+                 show_model_warnings)
+
+
+# MuJoCo's warnings this process has seen while making envs (each is shown at most once)
+_MODEL_WARNINGS_SEEN: set[str] = set()
+
+
+@contextmanager
+def model_warnings_once(show: bool = True) -> Iterator[None]:
+    """While the block makes envs, each distinct warning of MuJoCo's (its model compiler's: gymnasium's
+    own HalfCheetah, Ant, ... XML use the deprecated `settotalmass`) is shown once in this process
+    instead of once per model compiled (64 envs: 64 lines, each forwarded by Ray), or not at all
+    with `show` false: a Ray runner's envs are the ones the driver already made and warned about
+    (`env_dims`). MuJoCo's handler is this block's alone: the one before it is back after it, so
+    warnings while stepping (a simulation going unstable) still reach MuJoCo's own."""
+    previous = mujoco.get_mju_user_warning()
+
+    def once(message: str) -> None:
+        if message in _MODEL_WARNINGS_SEEN:
+            return
+        _MODEL_WARNINGS_SEEN.add(message)
+        if show:
+            sys.stderr.write(f"MuJoCo warning (shown once): {message}\n")
+
+    mujoco.set_mju_user_warning(once)
+    try:
+        yield
+    finally:
+        mujoco.set_mju_user_warning(previous)
 
 
 def grouped(env: gym.Env, spec: ExperimentSpec) -> gym.Env:
@@ -77,18 +112,19 @@ def vector_obs_dims(envs: gym.vector.VectorEnv) -> ObsDims:
     return ObsDims(full, full)
 
 
-def _made(spec: ExperimentSpec, make: Callable[[], Any]) -> Any:
+def _made(spec: ExperimentSpec, make: Callable[[], Any], show_model_warnings: bool = True) -> Any:
     try:
         prepare(spec.env)  # a Ray worker imports the spec's modules here, the first time it makes the env
-        return make()
+        with model_warnings_once(show_model_warnings):
+            return make()
     except EnvSourceError as err:
         raise EnvSetupError(str(err)) from err
-    except Exception as err:  # gymnasium raises whatever the env constructor raises
+    except (Exception, SystemExit) as err:  # gymnasium raises whatever the env constructor raises (or exits)
         # the message is for the user; the cause keeps the constructor's traceback for a developer
         kwargs = f" with kwargs {dict(spec.env.kwargs)}" if spec.env.kwargs else ""
         raise EnvSetupError(
             f"env: could not make {spec.env.id!r}{kwargs} in process {os.getpid()} on {os.uname().nodename} "
-            f"({type(err).__name__}: {err}); check env.id, env.entry_point and env.kwargs."
+            f"(its constructor {what_user_code_did(err)}); check env.id, env.entry_point and env.kwargs."
         ) from err
 
 

@@ -23,6 +23,7 @@ import gymnasium as gym
 from gymnasium.envs.registration import EnvSpec as GymEnvSpec
 
 from aa_ray.envs.pusher_reach import register_envs
+from aa_ray.errors import what_user_code_did
 
 
 class EnvSourceError(ValueError):
@@ -62,17 +63,23 @@ def add_local_packages(py_modules: Sequence[str]) -> None:
 def import_module(name: str, field: str, env: EnvSource) -> Any:
     try:
         return importlib.import_module(name)
-    except Exception as err:  # an import runs the user's code: any exception is theirs
-        where = f" (env.py_modules: {', '.join(env.py_modules)})" if env.py_modules else ""
-        missing = isinstance(err, ModuleNotFoundError) and err.name == name.split(".")[0]
-        hint = (
-            f"make {name!r} importable: install it, put its folder on PYTHONPATH, or name the package folder in "
-            "env.py_modules" if missing else f"fix the error in {name!r}"
-        )
-        raise EnvSourceError(
-            f"{field}: importing {name!r}{where} failed in process {os.getpid()} on {os.uname().nodename} "
-            f"({type(err).__name__}: {err}); {hint}."
-        ) from err
+    # an import runs the user's code: any exception is theirs, and so is a sys.exit() at import time,
+    # which would otherwise end `validate` or `run` with its exit code (0) and no word
+    except (Exception, SystemExit) as err:
+        raise EnvSourceError(import_failure(name, field, err, env.py_modules)) from err
+
+
+def import_failure(name: str, field: str, err: BaseException, py_modules: Sequence[str] = ()) -> str:
+    """The message for a module of the user's that could not be imported, by what went wrong: not
+    found, exited, or raised."""
+    where = f" (env.py_modules: {', '.join(py_modules)})" if py_modules else ""
+    missing = isinstance(err, ModuleNotFoundError) and err.name == name.split(".")[0]
+    hint = (
+        f"make {name!r} importable: install it, put its folder on PYTHONPATH, or name the package folder in "
+        "env.py_modules" if missing else f"fix the error in {name!r}"
+    )
+    return (f"{field}: importing {name!r}{where} failed in process {os.getpid()} on {os.uname().nodename} "
+            f"(it {what_user_code_did(err)}); {hint}.")
 
 
 def import_object(path: str, field: str, env: EnvSource, what: str) -> Any:

@@ -34,7 +34,7 @@ import numpy as np
 from gymnasium.envs.registration import load_env_creator
 
 from aa_ray.envs.source import import_object, prepare, registered_id, resolve_entry_point
-from aa_ray.errors import SpecError
+from aa_ray.errors import SpecError, what_user_code_did
 from aa_ray.nets.policy import ObsDims
 from aa_ray.records import Transitions
 
@@ -174,7 +174,10 @@ def as_mirror(declared: Any, where: str) -> Mirror:
     """A `Mirror` from what a user declared: a Mirror, a mapping of its four fields, or a function
     returning either."""
     if callable(declared) and not isinstance(declared, Mirror):
-        declared = declared()
+        try:
+            declared = declared()
+        except (Exception, SystemExit) as err:  # the user's function: whatever it raises is for them to fix
+            raise ValueError(f"{where}: calling it {what_user_code_did(err)}") from None
     fields = ("obs_perm", "obs_sign", "act_perm", "act_sign")
     if isinstance(declared, Mapping) and set(declared) == set(fields):
         values = dict(declared)

@@ -15,7 +15,6 @@ across algorithms); the stored spec of an older checkpoint is renamed on load
 
 from __future__ import annotations
 
-import errno
 import shutil
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ import torch
 
 from aa_ray.algos.registry import ALGORITHMS, migrate_old_knobs
 from aa_ray.data.value_checks import first_bad_value
+from aa_ray.errors import write_failure
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import SpecError, flatten, spec_to_dict, spec_yaml, validate_spec
 from aa_ray.spec.trust import refuse_untrusted_code
@@ -39,7 +39,6 @@ STATE_FILE, SPEC_FILE, REPLAY_FILE = "state.pt", "spec.yaml", "replay.parquet"
 _MUST_MATCH = ("env", "algo")
 _COUNTERS = ("env_steps", "iterations", "episodes", "next_eval")
 _PARTIAL = ".partial"
-DISK_FULL_BELOW = 2**20  # bytes free when a failed write counts as a full disk (torch.save names no errno)
 
 
 class CheckpointError(ValueError):
@@ -80,16 +79,8 @@ def save_checkpoint(folder: Path, spec: ExperimentSpec, state: dict[str, Any], r
 
 
 def _write_failure(folder: Path, err: Exception) -> str:
-    where = next(p for p in (folder, *folder.parents) if p.exists())
-    usage = shutil.disk_usage(where)
-    full = isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT) or usage.free < DISK_FULL_BELOW
-    if full:
-        cause = (f"the file system holding {folder.parent} is full ({usage.free / 2**20:.1f} MiB free of "
-                 f"{usage.total / 2**20:,.0f} MiB)")
-    else:
-        cause = str(err).splitlines()[0] if str(err) else type(err).__name__
-    return (f"checkpoint {folder} could not be written: {cause}; its partial folder was removed, the earlier "
-            "checkpoints are intact")
+    return (f"checkpoint {folder} could not be written: {write_failure(folder, err)}; its partial folder was removed, "
+            "the earlier checkpoints are intact")
 
 
 def newest_checkpoint(folder: Path) -> Path | None:

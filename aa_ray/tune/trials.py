@@ -119,7 +119,8 @@ def rollout_trial(config: dict[str, Any]) -> None:
     summary = rollout(
         spec, config["out"], config["episodes"], checkpoint=config["checkpoint"], scripted=config["scripted"],
         deterministic=config["deterministic"], report=print, dataset_format=config.get("format", "parquet"),
-        dataset_id=config.get("dataset_id"), trust_code=True,  # the policy is a train stage's of this pipeline
+        # the policy is a train stage's of this pipeline, and a dataset already at `out` is this stage's own
+        dataset_id=config.get("dataset_id"), trust_code=True, overwrite=True,
     )
     tracking = config["tracking"]
     if tracking:
