@@ -218,3 +218,35 @@ def test_a_read_only_sqlite_file_is_refused_before_the_run_starts(tmp_path: Path
     if os.access(store, os.W_OK):
         pytest.skip("running as root: a read-only file is still writable")
     refused_in_one_paragraph(f"sqlite:///{store}", tmp_path, store)
+
+
+# ---- MuJoCo's model warnings -------------------------------------------------------------------
+
+SETTOTALMASS = "compiler attribute 'settotalmass' is deprecated"  # in gymnasium's half_cheetah.xml
+
+
+def test_making_many_mujoco_envs_warns_once_per_process(capfd: pytest.CaptureFixture[str]) -> None:
+    """64 HalfCheetah copies, then more for evaluation and a video: MuJoCo's deprecation warning
+    once, and MuJoCo's own handler back after each (warnings while stepping still reach it)."""
+    import mujoco
+
+    from aa_ray.envs import make_env, make_vector_env
+    from aa_ray.spec.loader import load_spec
+
+    spec = load_spec(SPEC, ["env.id=HalfCheetah-v5"])
+    for envs in (make_vector_env(spec, 64), make_vector_env(spec, 8), make_env(spec)):
+        envs.close()
+        assert mujoco.get_mju_user_warning() is None
+    out, err = capfd.readouterr()
+    assert (out + err).count(SETTOTALMASS) <= 1, err[-2000:]
+
+
+def test_a_ray_run_of_many_mujoco_envs_shows_the_warning_once(tmp_path: Path) -> None:
+    """Two Ray runners of 8 HalfCheetah envs each, plus their evaluation envs: one line in the
+    run's output (the driver's), none forwarded from the runners."""
+    sets = [*TINY, "runtime.backend=ray", "env.id=HalfCheetah-v5", "runners.num_runners=2",
+            "runners.envs_per_runner=8", "budget.env_steps=400", "eval.every_env_steps=400"]
+    run = subprocess.run(command("--no-track", sets=sets), cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (run.stdout + run.stderr).count(SETTOTALMASS) == 1, run.stderr[-3000:]

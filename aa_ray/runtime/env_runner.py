@@ -111,7 +111,9 @@ class EnvRunner:
         self.spec = spec
         self.index = index
         self.num_envs = spec.runners.envs_per_runner
-        self.envs = make_vector_env(spec, self.num_envs, same_step_reset=family_of(spec).same_step_reset)
+        # MuJoCo's model warnings: the driver made this env first (env_dims) and showed them there, once
+        self.envs = make_vector_env(spec, self.num_envs, same_step_reset=family_of(spec).same_step_reset,
+                                    show_model_warnings=False)
         act_space = self.envs.single_action_space
         self.act_low, self.act_high = act_space.low.astype(np.float32), act_space.high.astype(np.float32)
         self.obs_dims, self.act_dim = vector_obs_dims(self.envs), act_space.shape[0]
@@ -282,7 +284,7 @@ class EnvRunner:
         else:
             act = lambda obs: self.policy.act(obs, deterministic=deterministic, generator=self.generator)  # noqa: E731
         if self.recorder is None:
-            envs = make_vector_env(self.spec, self.num_envs)
+            envs = make_vector_env(self.spec, self.num_envs, show_model_warnings=False)
             seeds = seeding.rollout_env_seeds(self.spec.seed, self.index, self.incarnation, self.num_envs)
             self.recorder = EpisodeRecorder(envs, seeds=seeds, keys=self.info_keys)
         recorder = self.recorder
@@ -300,7 +302,7 @@ class EnvRunner:
         eval/success (the mean of info["is_success"] at each episode's last step) where the env
         reports it, and eval/<key> for each task metric (`info_keys`) the env reports."""
         if self.eval_envs is None or self.eval_envs.num_envs != num_episodes:
-            self.eval_envs = make_vector_env(self.spec, num_episodes)
+            self.eval_envs = make_vector_env(self.spec, num_episodes, show_model_warnings=False)
         obs, _ = self.eval_envs.reset(seed=seeding.eval_env_seeds(self.spec.seed, num_episodes))
         tracker = EpisodeTracker(num_episodes)
         finished = np.zeros(num_episodes, dtype=bool)
@@ -330,7 +332,7 @@ class EnvRunner:
         Only making the renderer is guarded; an error while acting or stepping is raised as it is."""
         from PIL import Image
 
-        env = make_env(self.spec, render_mode="rgb_array")
+        env = make_env(self.spec, show_model_warnings=False, render_mode="rgb_array")
         try:
             obs, _ = env.reset(seed=seeding.video_seed(self.spec.seed))  # evaluate()'s first episode
             try:
