@@ -25,11 +25,13 @@ each with a message that names the field or file.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
+import tempfile
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -103,7 +105,9 @@ class Experiment:
             raw = apply_overrides(raw, shown)
         if env_creator is not None:
             raw = _with_creator(raw, env_creator)
-        self.spec: ExperimentSpec = validate_spec(raw, source + (f" with {' '.join(shown)}" if shown else ""))
+        # here=True: the user's spec, on the machine the run starts from (its folders, stop metric, mirror)
+        self.spec: ExperimentSpec = validate_spec(raw, source + (f" with {' '.join(shown)}" if shown else ""),
+                                                  here=True)
         self.trainer: Any = None  # the last fit's driver: its last_checkpoint survives a failed run
 
     def fit(
@@ -173,7 +177,10 @@ class Policy:
         from aa_ray.nets.policy import BoundedPolicy
         from aa_ray.runtime.checkpoint import CheckpointError, checkpoint_policy, load_checkpoint
 
-        payload = load_checkpoint(checkpoint)
+        with _checkpoint_folder(checkpoint) as folder:
+            payload = load_checkpoint(folder)
+            if folder != Path(checkpoint):  # an MLflow model's policy data: messages name the model
+                payload["folder"] = Path(str(checkpoint))
         if env_creator is not None and isinstance(payload.get("spec"), dict):
             payload["spec"] = _with_creator(payload["spec"], env_creator)
         self.checkpoint = Path(payload["folder"])
@@ -282,6 +289,41 @@ class Policy:
         finally:
             partial.unlink(missing_ok=True)
         return out
+
+
+MLFLOW_MODEL_URIS = ("models:/", "runs:/")
+
+
+@contextlib.contextmanager
+def _checkpoint_folder(source: str | Path) -> Iterator[Path]:
+    """The checkpoint folder a policy is read from: `source` itself, or the policy data inside an
+    MLflow model aa-ray logged (a model folder, or a `models:/` or `runs:/` URI, downloaded to a
+    temporary folder for as long as the block runs). A model's own code (its pyfunc loader, its
+    pickled program) is never loaded: those run whatever their writer put there."""
+    from aa_ray.runtime.checkpoint import MODEL_POLICY_FOLDER, CheckpointError
+
+    with tempfile.TemporaryDirectory(prefix="aa-ray-model-") as scratch:
+        folder = Path(source)
+        if str(source).startswith(MLFLOW_MODEL_URIS):
+            import mlflow.artifacts
+            from mlflow.exceptions import MlflowException
+
+            try:
+                folder = Path(mlflow.artifacts.download_artifacts(artifact_uri=str(source), dst_path=scratch))
+            except (MlflowException, OSError) as err:
+                raise CheckpointError(f"MLflow model {source} cannot be downloaded: {str(err).splitlines()[0]}") \
+                    from None
+        if (folder / "MLmodel").is_file():
+            inside = folder / MODEL_POLICY_FOLDER
+            if not inside.is_dir():
+                raise CheckpointError(
+                    f"MLflow model {source} holds no aa-ray policy data ({MODEL_POLICY_FOLDER}): it was not logged "
+                    "by aa-ray, or by an aa-ray from before it was added. aa-ray does not load a model through its "
+                    "own flavors, which run the code they ship; load it with mlflow.pyfunc.load_model if you "
+                    "trust whoever made it."
+                )
+            folder = inside
+        yield folder
 
 
 def _onnx_bytes(module: Any, example: Any) -> bytes:

@@ -22,6 +22,11 @@ if TYPE_CHECKING:
     from aa_ray.spec.experiment import ExperimentSpec
 
 
+POLICY_SOURCE_HELP = ("a checkpoint folder (runs/<run>/checkpoints/<name>), or an MLflow model a run logged: its "
+                      "folder (runs/<run>/models/policy), runs:/<run id>/policy or models:/<name>/<version> (its "
+                      "policy data is read; the code the model ships never runs)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aa-ray", description="Ray-distributed RL from declarative specs.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -84,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser(
         "eval", help="evaluate a checkpoint's policy on its env's eval seeds (return, length, success, task metrics)"
     )
-    evaluate.add_argument("checkpoint", help="a checkpoint folder (runs/<run>/checkpoints/<name>)")
+    evaluate.add_argument("checkpoint", help=POLICY_SOURCE_HELP)
     evaluate.add_argument("--episodes", type=_positive_int, metavar="N",
                           help="episodes (default: the run's eval.episodes)")
     evaluate.add_argument("--video", metavar="OUT.gif", help="also write the first episode as a GIF")
@@ -93,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     export = commands.add_parser(
         "export", help="write a checkpoint's deterministic policy as a TorchScript or ONNX file (runs without aa-ray)"
     )
-    export.add_argument("checkpoint", help="a checkpoint folder (runs/<run>/checkpoints/<name>)")
+    export.add_argument("checkpoint", help=POLICY_SOURCE_HELP)
     export.add_argument("--format", required=True, choices=["torchscript", "onnx"])
     export.add_argument("--out", required=True, metavar="FILE", help="the file to write")
     _trust_code_flag(export)

@@ -18,7 +18,7 @@ import torch
 from aa_ray import cli
 from aa_ray.data import dataset as ds
 from aa_ray.data.dataset import DatasetError, DatasetMeta, write_dataset
-from aa_ray.data.rollout import policy_from_checkpoint, rollout
+from aa_ray.data.rollout import RolloutError, policy_from_checkpoint, rollout
 from aa_ray.data.sources import read_dataset
 from aa_ray.records import Transitions
 from aa_ray.runtime.checkpoint import save_checkpoint
@@ -378,6 +378,14 @@ def test_a_checkpoint_rolls_out_inline_with_no_ray_started(tmp_path: Path) -> No
     with torch.no_grad():
         expected = learner.algo.policy.act(arrays[ds.OBS], deterministic=True)
     np.testing.assert_allclose(arrays[ds.ACTIONS], expected, atol=1e-6)
+
+    # the same path again: a dataset is not replaced without a word
+    with pytest.raises(RolloutError, match="already exists.*--overwrite"):
+        rollout(spec, tmp_path / "inline.parquet", 1, checkpoint=tmp_path / "ckpt", report=lambda line: None)
+    assert read_dataset(tmp_path / "inline.parquet").num_rows == len(arrays[ds.EPS_ID])
+    again = rollout(spec, tmp_path / "inline.parquet", 1, checkpoint=tmp_path / "ckpt", report=lambda line: None,
+                    overwrite=True)
+    assert again["episodes"] == 1 and read_dataset(tmp_path / "inline.parquet").num_rows == again["transitions"]
 
 
 @pytest.mark.usefixtures("local_ray")

@@ -32,6 +32,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE
 from mlflow.tracking import MlflowClient
 
+from aa_ray import cli
 from aa_ray.algos.registry import build_policy
 from aa_ray.api import Experiment, RunResult, load_policy
 from aa_ray.envs import env_dims
@@ -102,6 +103,17 @@ np.save("actions.npy", mlflow.pyfunc.load_model({uri!r}).predict(np.load("obs.np
     (version,) = client.search_model_versions("name='pusher-policy'")
     assert version.run_id == result.mlflow_run_id
     np.testing.assert_allclose(mlflow.pyfunc.load_model("models:/pusher-policy/1").predict(obs), expected, atol=1e-5)
+
+    # aa-ray reads a logged model's policy data, never the code the model ships: a command planted in
+    # its pyfunc loader (as in a model someone else logged) does not run, and the policy acts the same
+    folder = result.run_dir / "models" / FINAL_MODEL
+    marker = tmp_path / "ran"
+    (loader,) = (folder / "code").rglob("policy_pyfunc.py")
+    loader.write_text(f"import os\nos.system('touch {marker}')\n" + loader.read_text())
+    for source in (folder, uri, "models:/pusher-policy/1"):
+        np.testing.assert_allclose(load_policy(source).predict(obs), expected, atol=1e-6)
+    assert cli.main(["eval", str(folder), "--episodes", "1"]) == 0
+    assert not marker.exists()
 
     # the best evaluation's policy (the highest eval/return: sac.yaml has no stop rule) is the one the
     # checkpoint of that evaluation's iteration holds

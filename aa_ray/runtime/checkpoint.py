@@ -33,6 +33,10 @@ from aa_ray.spec.trust import refuse_untrusted_code
 FORMAT_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
 STATE_FILE, SPEC_FILE, REPLAY_FILE = "state.pt", "spec.yaml", "replay.parquet"
+# Inside an MLflow model folder a run logs (`tracking.models`): its policy as a checkpoint (weights
+# and spec), which `load_policy` reads with weights_only=True. MLflow's own flavors beside it run
+# code when loaded (the pyfunc loader module; the PyTorch flavor's program unpickles its weights).
+MODEL_POLICY_FOLDER = Path("data") / "aa_ray_policy"
 
 # Sections that define what the networks and their data mean. A resumed run may change the
 # budget, eval cadence, fleet size or tracking, but not these.

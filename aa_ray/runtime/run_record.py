@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aa_ray import metric_names as m
-from aa_ray.runtime.checkpoint import SPEC_FILE, STATE_FILE, checkpoint_policy, load_checkpoint
+from aa_ray.runtime.checkpoint import (
+    MODEL_POLICY_FOLDER,
+    SPEC_FILE,
+    STATE_FILE,
+    checkpoint_policy,
+    load_checkpoint,
+    save_checkpoint,
+)
 from aa_ray.runtime.phases import Phases
 from aa_ray.runtime.progress import ProgressDisplay, task_metric
 from aa_ray.runtime.remote import get_results
@@ -181,7 +188,10 @@ class RunRecord:
             folder = self.run_dir / MODELS_FOLDER / name
             shutil.rmtree(folder, ignore_errors=True)  # an earlier end's, when a finished run was resumed
             try:
-                saved = save_policy_model(self.spec, policy_state(), folder, name, env_steps)
+                state = policy_state()
+                saved = save_policy_model(self.spec, state, folder, name, env_steps)
+                save_checkpoint(folder / MODEL_POLICY_FOLDER, self.spec,
+                                {"learner": {"algo": {"policy": state}}, "counters": {"env_steps": env_steps}})
             except Exception as err:  # noqa: BLE001 - an export the policy does not support (a plugin's module)
                 self.event("model_not_logged", self.last_step, model=name, reason=f"{type(err).__name__}: {err}"[:500])
                 continue
