@@ -1,7 +1,7 @@
 """The edges of stopping and resuming a run (issue 34, item 5): real signals to a real `aa-ray run`
 process, a checkpoint whose replay file is gone, `--resume latest` after the algo changed, an MLflow
-store that cannot be written, MuJoCo's model warnings. Runs use the inline backend (no Ray) and
-tiny networks: each subprocess is a few seconds."""
+store that cannot be written, MuJoCo's model warnings. Runs use the inline backend (no Ray; but for
+the warnings Ray forwarded) and tiny networks: each subprocess is a few seconds."""
 
 from __future__ import annotations
 
@@ -34,11 +34,11 @@ def command(*extra: str, sets: list[str] = TINY) -> list[str]:
             *[arg for item in sets for arg in ("--set", item)], *extra]
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 120) -> None:
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 120, every_s: float = 0.05) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.001)
+        time.sleep(every_s)
 
 
 def complete(folder: Path) -> list[Path]:
@@ -103,7 +103,7 @@ def test_ctrl_c_during_the_checkpoint_write_leaves_it_whole(tmp_path: Path) -> N
                             f"algo.critic_hidden_dims={big}")
     run.send_signal(signal.SIGTERM)
     wait_for(lambda: any(tmp_path.glob("runs/*/checkpoints/*.partial")) or run.poll() is not None,
-             "the checkpoint write to start")
+             "the checkpoint write to start", every_s=0.001)  # to land inside the write
     run.send_signal(signal.SIGINT)
     _, err = run.communicate(timeout=120)
     assert run.returncode == 130, err[-3000:]
