@@ -93,21 +93,23 @@ def runs_under(client: MlflowClient, parent_id: str) -> dict[str, str]:
 
 
 def test_a_suite_stopped_by_sigterm_resumes_its_cells(tmp_path: Path) -> None:
-    """Two cells: pusher-reach (400 env steps) finishes first, Pendulum (1,200) is SIGTERMed after a
+    """Two cells: pusher-reach (300 env steps) finishes first, Pendulum (900) is SIGTERMed after a
     checkpoint. Its child run and the parent end KILLED with the stop reason; `--resume latest`
     leaves the finished cell alone and continues Pendulum from its checkpoint in the same runs."""
     suite_file = write(tmp_path / "suite.yaml", {
         "name": "stop_tiny", "specs": {"sac": str(SPECS / "sac.yaml")},
-        "envs": {PUSHER: {"budget.env_steps": 400}, PENDULUM: {}}, "seeds": [0], "env_steps": 1200,
+        "envs": {PUSHER: {"budget.env_steps": 300}, PENDULUM: {}}, "seeds": [0], "env_steps": 900,
         "eval": {"every_env_steps": 300, "episodes": 1}, "set": TINY, "max_concurrent_trials": 2, "max_failures": 0,
     })
     root = tmp_path / "runs" / "suites" / "stop_tiny"
     command = [sys.executable, "-m", "aa_ray.cli", "suite", str(suite_file)]
 
     def pusher_done_pendulum_mid_run() -> bool:
+        """The pusher trial has returned (Tune says it finished: its run is closed, not just its
+        record written), Pendulum has a checkpoint and no final one."""
         pendulum = list(root.glob("sac-Pendulum-v1-*"))
-        return bool(list(root.glob("sac-aa_ray_PusherReach-v0-*/cell.json"))) and len(pendulum) == 1 \
-            and has_step_checkpoint(pendulum[0])
+        return len(pendulum) == 1 and has_step_checkpoint(pendulum[0]) \
+            and " finished at " in (tmp_path / "stopped.log").read_text()
 
     stopped = stop_with_sigterm(command, tmp_path / "stopped.log", tmp_path, pusher_done_pendulum_mid_run,
                                 "pusher finished and Pendulum checkpointed")
@@ -155,7 +157,7 @@ def test_a_pipeline_stopped_by_sigterm_resumes_its_stage(tmp_path: Path) -> None
         "demos": {"kind": "rollout", "scripted": True, "spec": str(SPECS / "rlpd.yaml"), "episodes": 2,
                   "set": {"runtime.backend": "inline"}},
         "rlpd": {"kind": "train", "spec": str(SPECS / "rlpd.yaml"), "inputs": {"algo.prior_data": "demos.dataset"},
-                 "set": {**TINY, "algo.warm_up_steps": 100, "algo.utd_ratio": 1, "budget.env_steps": 1200,
+                 "set": {**TINY, "algo.warm_up_steps": 100, "algo.utd_ratio": 1, "budget.env_steps": 900,
                          "eval.every_env_steps": 300, "eval.episodes": 1}},
     }})
     root = tmp_path / "runs" / "pipelines" / "stop_tiny"

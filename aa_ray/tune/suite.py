@@ -248,17 +248,24 @@ def _run_cells(suite: Suite, todo: list[CellPlan], cells: dict[str, dict[str, An
             callbacks=[*result_loggers(), events],
         ),
     )
+    before = {name: plan.record() for name, plan in plans.items()}  # --force reruns cells that have one
     results = tuner.fit()
-    stopped = {config.get("cell") for config in trials_left(f"{storage.rstrip('/')}/{experiment}").values()}
+
+    def finished(name: str) -> bool:
+        """Its run wrote its record in this invocation: a cell that did so as a stop signal came is
+        finished, whatever Tune had heard of it."""
+        record = plans[name].record()
+        return record is not None and record != before[name]
+
+    left = trials_left(f"{storage.rstrip('/')}/{experiment}").values()
+    stopped = {config.get("cell") for config in left if not finished(config.get("cell"))}
     outcomes = {}
     for result in results:
         name = (result.config or {}).get("cell")
         if name not in plans or name in stopped:
             continue
-        metrics = result.metrics or {}
-        finished = result.error is None and bool(metrics.get(m.RUN_FINISHED, 0.0))
         error = None if result.error is None else str(result.error).strip().splitlines()[-1][:300]
-        outcomes[name] = {"finished": finished and plans[name].record() is not None, "error": error}
+        outcomes[name] = {"finished": result.error is None and finished(name), "error": error}
     return outcomes, stopped
 
 
