@@ -143,3 +143,22 @@ def test_no_secret_of_a_generated_uri_is_shown_and_its_host_is(case: tuple[str, 
         if ";" not in path:  # a ";" starts a path parameter, which may be hidden by name
             assert path in shown, shown
     assert scrub_uris(scrub_uris(message)) == scrub_uris(message)
+
+
+def test_a_run_with_an_unsupported_tracking_uri_is_refused_before_ray_without_its_password(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """The reported case end to end: MLflow's own error repeats the URI, password and all; the
+    scheme is now refused before Ray starts, and the line shows no credential."""
+    import ray
+
+    from aa_ray import cli
+
+    (tmp_path / "spec.yaml").write_text("name: t\nenv: {id: Pendulum-v1}\nalgo: {name: sac, warm_up_steps: 100}\n"
+                                        "budget: {env_steps: 1000}\n")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "foo://alice:Pa(ssW0rd@host/x")
+    assert cli.main(["run", str(tmp_path / "spec.yaml"), "--plain"]) == 2
+    err = capsys.readouterr().err
+    assert "foo://host/x" in err and "no tracking store for the scheme 'foo'" in err, err
+    assert "ssW0rd" not in err and "alice" not in err and "Traceback" not in err
+    assert not ray.is_initialized() and not (tmp_path / "runs").exists()

@@ -68,7 +68,9 @@ _NO_TRACKING = "run without tracking (--no-track, or tracking.enabled: false in 
 
 def check_store_answers(uri: str) -> None:
     """A tracking server that does not answer now, or a SQLite store this process cannot write, is a
-    TrackingError in one line, at once (MLflow's client would retry each call for minutes first)."""
+    TrackingError in one line, at once (MLflow's client would retry each call for minutes first); so
+    is a URI of a scheme MLflow has no store for (it was found only once Ray had started)."""
+    check_store_scheme(uri)
     problem = store_answers(uri)
     if problem is not None:
         raise TrackingError(
@@ -77,6 +79,22 @@ def check_store_answers(uri: str) -> None:
             f"or {_NO_TRACKING}."
         )
     check_sqlite_writable(uri)
+
+
+def check_store_scheme(uri: str) -> None:
+    """TrackingError unless MLflow has a tracking store for the URI's scheme (its own, or a plugin's)."""
+    # MLflow's registry of store builders by scheme: the one it opens a run's store with
+    from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+    try:
+        _tracking_store_registry.get_store_builder(uri)
+    except MlflowException:
+        schemes = ", ".join(scheme for scheme in sorted(_tracking_store_registry._registry) if scheme)
+        raise TrackingError(
+            f"MLflow tracking URI {without_credentials(uri)}: MLflow has no tracking store for the scheme "
+            f"{uri.partition(':')[0]!r} (it has {schemes}); set MLFLOW_TRACKING_URI to one of those, e.g. "
+            f"sqlite:///mlflow.db, or {_NO_TRACKING}."
+        ) from None
 
 
 def sqlite_file(uri: str) -> Path | None:
