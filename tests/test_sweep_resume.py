@@ -16,6 +16,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from aa_ray.cli import PREEMPTED_EXIT_CODE
+from aa_ray.runtime.run_record import STOP_REASON_TAG
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 BUDGET = 1200
@@ -91,9 +92,11 @@ def test_a_sweep_stopped_by_sigterm_resumes_its_trials_from_their_checkpoints(tm
 
     client = MlflowClient()
     (parent,) = sweep_parents(client)
-    assert parent.info.status == "KILLED"
+    assert parent.info.status == "KILLED" and "SIGTERM" in parent.data.tags[STOP_REASON_TAG]
     children_before = child_runs(client, parent.info.run_id)
     assert len(children_before) == 2 and set(children_before.values()) == {"KILLED"}, children_before
+    for run_id in children_before:  # why, beside what the trial saw (Tune ending it)
+        assert "stopped by SIGTERM" in client.get_run(run_id).data.tags[STOP_REASON_TAG]
 
     resumed = subprocess.run(sweep_command(sweep_file, "--resume", "latest"), capture_output=True, text=True,
                              timeout=400)
@@ -112,6 +115,7 @@ def test_a_sweep_stopped_by_sigterm_resumes_its_trials_from_their_checkpoints(tm
 
     (parent_after,) = sweep_parents(client)  # the same parent, not a second one
     assert parent_after.info.run_id == parent.info.run_id and parent_after.info.status == "FINISHED"
+    assert STOP_REASON_TAG not in parent_after.data.tags
     children_after = child_runs(client, parent.info.run_id)
     assert set(children_after) == set(children_before), (children_before, children_after)
     assert set(children_after.values()) == {"FINISHED"}, children_after
