@@ -138,9 +138,6 @@ CPU_SETTINGS: dict[str, dict[str, str]] = {
     "avx2 (no bf16 instructions)": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
     "aten avx2 only": {"ATEN_CPU_CAPABILITY": "avx2"},
 }
-PRECISIONS = ("bf16", "fp32", "auto")
-
-
 def precision_child(args) -> dict:
     """In this process's CPU setting: the matmul probe, what auto resolves to, and the fast spec's
     learner in each precision (compiled, as the spec runs it) beside SB3's SAC, alternating."""
@@ -148,7 +145,7 @@ def precision_child(args) -> dict:
 
     torch.set_num_threads(1)
     speedups = [bf16_matmul_speedup(256, 512, 10) for _ in range(3)]
-    contenders = [(p, learner_rate(FAST, [f"algo.precision={p}"], 1, args.updates)) for p in PRECISIONS]
+    contenders = [(p, learner_rate(FAST, [f"algo.precision={p}"], 1, args.updates)) for p in args.precisions.split(",")]
     if args.sb3:
         contenders.insert(0, ("SB3 SAC", sb3_rate(args.updates)))
     rates = alternate(contenders, args.reps)
@@ -163,6 +160,17 @@ def precision_child(args) -> dict:
     }
 
 
+def inductor_cache(setting: str) -> dict[str, str]:
+    """A restricted setting's own Inductor cache folder: a process under ATEN_CPU_CAPABILITY=avx2 that
+    read the cache an unrestricted one had filled failed to compile the update (torch 2.13:
+    "SystemError: <built-in function kernel> returned a result with an exception set"; the learner
+    then trained eagerly), and with a folder of its own it compiled."""
+    if not CPU_SETTINGS[setting]:
+        return {}
+    slug = "".join(c if c.isalnum() else "_" for c in setting)
+    return {"TORCHINDUCTOR_CACHE_DIR": str(Path(tempfile.gettempdir()) / f"torchinductor_{os.getuid()}_{slug}")}
+
+
 def part_precision(args) -> dict:
     settings = [name for name in CPU_SETTINGS if name in args.settings.split(",") or args.settings == "all"]
     results = {}
@@ -170,8 +178,9 @@ def part_precision(args) -> dict:
         print(f"## {setting}: {CPU_SETTINGS[setting] or 'no restriction'}", flush=True)
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
             command = [sys.executable, __file__, "--part", "precision-child", "--reps", str(args.reps),
-                       "--updates", str(args.updates), "--json", out.name, *(["--sb3"] if args.sb3 else [])]
-            subprocess.run(command, env={**os.environ, **CPU_SETTINGS[setting]}, check=True)
+                       "--updates", str(args.updates), "--precisions", args.precisions, "--json", out.name,
+                       *(["--sb3"] if args.sb3 else [])]
+            subprocess.run(command, env={**os.environ, **CPU_SETTINGS[setting], **inductor_cache(setting)}, check=True)
             results[setting] = json.loads(Path(out.name).read_text())
     rows = [
         [setting, name, r["updates_per_s"][name], r["ratio_vs_fp32"][name], r["ratio_vs_sb3"].get(name, float("nan")),
@@ -190,6 +199,8 @@ def main() -> None:
     parser.add_argument("--settings", default="native,avx2 (no bf16 instructions)",
                         help=f"--part precision: comma-separated names of {list(CPU_SETTINGS)}, or all")
     parser.add_argument("--sb3", action="store_true", help="--part precision: SB3's SAC update beside them")
+    parser.add_argument("--precisions", default="bf16,fp32,auto",
+                        help="--part precision: the fast spec's learners, built and first timed in this order")
     args = parser.parse_args()
     if args.part == "precision-child":  # a child of --part precision: results to --json, no machine header
         payload = precision_child(args)
