@@ -188,7 +188,7 @@ def test_a_pipeline_stopped_by_sigterm_resumes_its_stage(tmp_path: Path) -> None
 
     resumed = resume(command, tmp_path / "resumed.log", tmp_path)
     assert f"resuming the pipeline in {root}" in resumed and f"mlflow parent run: {parent_id}" in resumed
-    assert "stage demos: finished earlier in this invocation" in resumed
+    assert "stage demos: finished earlier in this parent run" in resumed
     assert "stage rlpd: resuming from step_" in resumed
     assert_event_lines(resumed, ["rlpd"])
     assert (demos / "stage.json").read_text() == demos_record

@@ -206,7 +206,7 @@ def run_pipeline(pipeline: Pipeline, force: bool = False, track: bool = True, re
             run_name = f"{name}:{stage_name}"
             record = None if force else plan.completed_record()
             if record is not None and plan.key in done:
-                report(f"stage {stage_name}: finished earlier in this invocation (key {plan.key}): {plan.output}")
+                report(f"stage {stage_name}: finished earlier in this parent run (key {plan.key}): {plan.output}")
                 stages[stage_name] = {"status": "finished earlier", "output": str(plan.output),
                                       "mlflow_run_id": done[plan.key]}
             elif record is not None:
