@@ -131,12 +131,14 @@ def test_a_callback_sees_each_report_and_can_stop_the_run(tmp_path: Path) -> Non
 
 
 def test_an_experiment_of_a_validated_spec_keeps_its_values() -> None:
-    """`aa-ray run` hands its validated spec to `Experiment`: a NaN in env.kwargs (the numerical-guard
-    test's Pendulum) must stay a NaN, not turn into null on the way."""
-    spec = load_spec(SPECS / "sac_pendulum.yaml", ["env.kwargs={g: .nan}", "algo.utd_ratio=2"])
+    """`aa-ray run` hands its validated spec to `Experiment`: its values arrive as they were (no trip
+    through JSON), and what the file's loader refuses, a NaN in env.kwargs, the API refuses too."""
+    spec = load_spec(SPECS / "sac_pendulum.yaml", ["env.kwargs={g: 9.5}", "algo.utd_ratio=2"])
     kept = Experiment(spec).spec
-    assert np.isnan(kept.env.kwargs["g"]) and kept.algo == spec.algo
+    assert kept.env.kwargs == {"g": 9.5} and kept.algo == spec.algo
     assert Experiment(spec, {"algo.utd_ratio": 3}).spec.algo.utd_ratio == 3
+    with pytest.raises(SpecError, match="kwargs\\['g'\\] is nan"):
+        Experiment(spec, {"env.kwargs": {"g": float("nan")}})
 
 
 def test_bad_input_gets_one_message_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -17,6 +17,7 @@ from aa_ray.runtime.learner import Learner
 from aa_ray.spec.loader import load_spec
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
+MYENVS = Path(__file__).resolve().parent / "user_envs" / "myenvs"
 
 
 def batches(rng: np.random.Generator, poisoned: bool) -> Transitions:
@@ -53,12 +54,14 @@ def test_a_poisoned_batch_skips_the_critic_steps_and_leaves_the_weights_finite()
 
 
 def test_a_run_that_only_produces_nan_stops_cleanly(tmp_path: Path) -> None:
-    """Pendulum with gravity NaN: every observation and reward after the first step is NaN. The
+    """Pendulum with gravity NaN (tests/user_envs/myenvs/diverging.py): every observation and reward
+    after the first step is NaN. The
     updates are skipped, the run stops past runtime.max_consecutive_skips with a message naming the
     last checkpoint, and that checkpoint's weights are finite."""
     run = subprocess.run(
         [sys.executable, "-m", "aa_ray.cli", "run", str(SPECS / "sac_pendulum.yaml"), "--no-track", "--plain",
-         "--set", "env.kwargs={g: .nan}", "--set", "algo.warm_up_steps=200", "--set", "budget.env_steps=3000",
+         "--set", "env.entry_point=myenvs.diverging:nan_gravity_pendulum", "--set", f"env.py_modules=[{MYENVS}]",
+         "--set", "env.max_episode_steps=200", "--set", "algo.warm_up_steps=200", "--set", "budget.env_steps=3000",
          "--set", "checkpoint.every_env_steps=100", "--set", "runtime.max_consecutive_skips=150",
          "--set", "algo.actor_hidden_dims=[32,32]",
          "--set", "algo.critic_hidden_dims=[32,32]", "--set", "eval.every_env_steps=1000", "--set", "eval.episodes=2"],
