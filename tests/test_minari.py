@@ -191,7 +191,7 @@ def test_a_pipeline_rollout_stage_writes_minari_when_asked(tmp_path: Path) -> No
     (tmp_path / "pipeline.yaml").write_text(json.dumps({"name": "mini", "stages": stages}))
     pipeline = load_pipeline(tmp_path / "pipeline.yaml")
     plan = StagePlan(pipeline, "demos", {}, tmp_path / "runs")
-    _, config = plan.trial_config(None)
+    config = plan.trial_config(None)
     assert (config["format"], config["dataset_id"]) == ("minari", "mini/demos-v0")
     assert Path(config["out"]) / "mini/demos-v0" == plan.output == plan.folder / "minari" / "mini/demos-v0"
 
