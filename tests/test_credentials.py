@@ -159,6 +159,6 @@ def test_a_run_with_an_unsupported_tracking_uri_is_refused_before_ray_without_it
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "foo://alice:Pa(ssW0rd@host/x")
     assert cli.main(["run", str(tmp_path / "spec.yaml"), "--plain"]) == 2
     err = capsys.readouterr().err
-    assert "foo://host/x" in err and "no tracking store for the scheme 'foo'" in err, err
+    assert "'foo://host/x'" in err and "no tracking store for the scheme 'foo'" in err, err
     assert "ssW0rd" not in err and "alice" not in err and "Traceback" not in err
     assert not ray.is_initialized() and not (tmp_path / "runs").exists()

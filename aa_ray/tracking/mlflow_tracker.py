@@ -88,13 +88,13 @@ def check_store_scheme(uri: str) -> None:
 
     try:
         _tracking_store_registry.get_store_builder(uri)
-    except MlflowException:
+    except MlflowException as err:  # kept as the cause, for a developer; its text repeats the URI as given
         schemes = ", ".join(scheme for scheme in sorted(_tracking_store_registry._registry) if scheme)
         raise TrackingError(
-            f"MLflow tracking URI {without_credentials(uri)}: MLflow has no tracking store for the scheme "
+            f"MLflow tracking URI {without_credentials(uri)!r}: MLflow has no tracking store for the scheme "
             f"{uri.partition(':')[0]!r} (it has {schemes}); set MLFLOW_TRACKING_URI to one of those, e.g. "
             f"sqlite:///mlflow.db, or {_NO_TRACKING}."
-        ) from None
+        ) from err
 
 
 def sqlite_file(uri: str) -> Path | None:
