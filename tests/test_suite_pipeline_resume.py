@@ -94,8 +94,9 @@ def runs_under(client: MlflowClient, parent_id: str) -> dict[str, str]:
 
 def test_a_suite_stopped_by_sigterm_resumes_its_cells(tmp_path: Path) -> None:
     """Two cells: pusher-reach (300 env steps) finishes first, Pendulum (1,800: far enough from its
-    end that it cannot finish while Tune stops it, as 900 once did) is SIGTERMed after a checkpoint. Its child run and the parent end KILLED with the stop reason; `--resume latest`
-    leaves the finished cell alone and continues Pendulum from its checkpoint in the same runs."""
+    end that it cannot finish while Tune stops it, as 900 once did) is SIGTERMed after a checkpoint.
+    Its child run and the parent end KILLED with the stop reason; `--resume latest` leaves the
+    finished cell alone and continues Pendulum from its checkpoint in the same runs."""
     suite_file = write(tmp_path / "suite.yaml", {
         "name": "stop_tiny", "specs": {"sac": str(SPECS / "sac.yaml")},
         "envs": {PUSHER: {"budget.env_steps": 300}, PENDULUM: {}}, "seeds": [0], "env_steps": 1800,
