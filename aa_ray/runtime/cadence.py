@@ -7,7 +7,7 @@ stops, and why it stopped. Plain logic on env-step counts, no Ray.
 
 The run stops at its budget, or once an evaluation crosses `budget.stop_at` (`{metric: eval/..., below:
 x}` or `above: x`; the older shorthands `budget.stop_at_eval_*` are such rules, see
-`BudgetSpec.stop_rules`). `check_stop_metric` refuses, before the run starts, a
+`BudgetSpec.stop_rules`). `spec.local_checks.check_stop_metric` refuses, before the run starts, a
 `budget.stop_at` metric that its evaluations never produce. It evaluates every `eval.every_env_steps` and at the
 end; a Tune trial also evaluates when it checkpoints, so its first report already has eval metrics.
 A checkpoint is written every `checkpoint.every_env_steps`, except at the end (the trainer writes
@@ -19,10 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aa_ray import metric_names as m
-from aa_ray.envs.info_metrics import metric_name, task_metric_keys
 from aa_ray.spec.experiment import ExperimentSpec
-from aa_ray.spec.loader import SpecError
 
 BUDGET = "budget"
 TARGET_REACHED = "target reached"
@@ -81,21 +78,3 @@ class Cadence:
             if rule.metric in evaluation:
                 return rule.reached(evaluation)
         return False
-
-
-def check_stop_metric(spec: ExperimentSpec) -> None:
-    """SpecError when `budget.stop_at` names an eval metric the run's evaluations never produce:
-    not eval/return, eval/length, eval/success, nor a task metric the env declares or the spec lists
-    in eval.info_metrics (the env is made once to read its declared ones). The shorthands are not
-    checked: an env without their metric skips them, as it always did."""
-    rule = spec.budget.stop_at
-    builtin = (m.EVAL_RETURN, m.EVAL_LENGTH, m.EVAL_SUCCESS, m.EVAL_AT_ENV_STEPS)
-    if rule is None or rule.metric in builtin or rule.metric.removeprefix(m.EVAL_PREFIX) in spec.eval.info_metrics:
-        return
-    produced = [*builtin[:3], *(m.EVAL_PREFIX + metric_name(key) for key in task_metric_keys(spec))]
-    if rule.metric not in produced:
-        raise SpecError(
-            f"budget.stop_at.metric: the evaluations of {spec.env.id} never produce {rule.metric}, so the run "
-            f"could not stop on it; they produce {', '.join(dict.fromkeys(produced))} (eval/success only where the "
-            f"env reports info['is_success']). Name one of those, or list the info key in eval.info_metrics."
-        )

@@ -53,7 +53,7 @@ from aa_ray.envs import env_dims
 from aa_ray.envs.symmetry import sym_aug_mirror
 from aa_ray.nets.policy import ObsDims
 from aa_ray.runtime import cluster
-from aa_ray.runtime.cadence import BUDGET, PREEMPTED, STOPPED_BY_CALLBACK, check_stop_metric
+from aa_ray.runtime.cadence import BUDGET, PREEMPTED, STOPPED_BY_CALLBACK
 from aa_ray.runtime.checkpoint import saved_replay_rows, verify_resume
 from aa_ray.runtime.counters import Counters
 from aa_ray.runtime.driver_state import DriverState
@@ -71,6 +71,7 @@ from aa_ray.runtime.run_record import RunRecord
 from aa_ray.runtime.stop_signals import StopSignals
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import spec_hash
+from aa_ray.spec.local_checks import check_stop_metric
 
 if TYPE_CHECKING:
     from aa_ray.tracking.mlflow_tracker import RunContext

@@ -17,7 +17,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from aa_ray.algos.registry import ALGORITHMS, RENAMED_KNOBS
 from aa_ray.errors import SpecError, clip, echo
 from aa_ray.spec import hashed_fields
-from aa_ray.spec.experiment import ExperimentSpec, check_here
+from aa_ray.spec.experiment import ExperimentSpec
+from aa_ray.spec.local_checks import check_here
 from aa_ray.spec.yaml_files import parse_yaml, read_yaml_file
 
 __all__ = ["SpecError", "load_spec", "validate_spec"]
