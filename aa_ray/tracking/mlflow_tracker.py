@@ -83,13 +83,16 @@ def check_store_answers(uri: str) -> None:
 
 def check_store_scheme(uri: str) -> None:
     """TrackingError unless MLflow has a tracking store for the URI's scheme (its own, or a plugin's)."""
-    # MLflow's registry of store builders by scheme: the one it opens a run's store with
-    from mlflow.tracking._tracking_service.utils import _tracking_store_registry
-
+    # MLflow's registry of store builders by scheme: the one it opens a run's store with. It is not
+    # public API: should a later MLflow move it, the store's own error comes later, as it used to.
+    try:
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+    except ImportError:
+        return
     try:
         _tracking_store_registry.get_store_builder(uri)
     except MlflowException as err:  # kept as the cause, for a developer; its text repeats the URI as given
-        schemes = ", ".join(scheme for scheme in sorted(_tracking_store_registry._registry) if scheme)
+        schemes = ", ".join(scheme for scheme in sorted(getattr(_tracking_store_registry, "_registry", {})) if scheme)
         raise TrackingError(
             f"MLflow tracking URI {without_credentials(uri)!r}: MLflow has no tracking store for the scheme "
             f"{uri.partition(':')[0]!r} (it has {schemes}); set MLFLOW_TRACKING_URI to one of those, e.g. "
