@@ -84,7 +84,9 @@ class Experiment:
     function (or env class) that makes the env, called with `env.kwargs`, in place of `env.id` (it
     becomes `env.entry_point`; the spec may leave `env` out). On Ray it reaches the workers pickled
     (by value when defined in a notebook or the script itself; by import otherwise, so its module
-    must be importable there too, e.g. through `env.py_modules`)."""
+    must be importable there too, e.g. through `env.py_modules`). An `ExperimentSpec` with no
+    overrides and no creator is taken as it is: it was validated (`load_spec` also ran the checks
+    only this machine can make, `spec.local_checks`)."""
 
     def __init__(
         self,
@@ -93,6 +95,10 @@ class Experiment:
         *,
         env_creator: EnvCreator | None = None,
     ):
+        self.trainer: Any = None  # the last fit's driver: its last_checkpoint survives a failed run
+        if isinstance(spec, ExperimentSpec) and not overrides and env_creator is None:
+            self.spec: ExperimentSpec = spec  # validated already (`aa-ray run`'s, through load_spec's local checks)
+            return
         if isinstance(spec, ExperimentSpec | Mapping):  # Python values: JSON would turn a NaN into null
             raw, source = (spec.model_dump() if isinstance(spec, ExperimentSpec) else dict(spec)), "the spec"
         else:
@@ -106,9 +112,7 @@ class Experiment:
         if env_creator is not None:
             raw = _with_creator(raw, env_creator)
         # here=True: the user's spec, on the machine the run starts from (its folders, stop metric, mirror)
-        self.spec: ExperimentSpec = validate_spec(raw, source + (f" with {' '.join(shown)}" if shown else ""),
-                                                  here=True)
-        self.trainer: Any = None  # the last fit's driver: its last_checkpoint survives a failed run
+        self.spec = validate_spec(raw, source + (f" with {' '.join(shown)}" if shown else ""), here=True)
 
     def fit(
         self,
