@@ -166,6 +166,19 @@ class EnvSpec(SpecModel):
     max_episode_steps: PositiveInt | None = Field(
         None, description="override the registered time limit (null keeps it)"
     )
+    batched: Literal["gymnasium", "envpool", "torch"] | None = Field(
+        None,
+        description="an env that steps many copies in one call (aa_ray.envs.batched): gymnasium = gym.make_vec with "
+        "vectorization_mode vector_entry_point (or an entry point returning a gymnasium VectorEnv); envpool = "
+        "EnvPool's C++ batched task of this id (pip install aa-ray[envpool]); torch = the entry point called as "
+        "entry_point(num_envs=N, device=env.device, **kwargs), an object in the Isaac Lab / mjlab shape (torch "
+        "tensors, observation groups, same-step autoreset). null: E gymnasium copies stepped one after another",
+    )
+    device: str = Field(
+        "cpu",
+        description="env.batched: torch: the device the env's tensors live on (cpu, cuda, cuda:1); with runtime.mode "
+        "device, the learner's device too",
+    )
 
     @field_validator("kwargs")
     @classmethod
@@ -218,7 +231,12 @@ class RunnersSpec(SpecModel):
     envs_per_runner: PositiveInt = Field(1, description="E: copies of the env in each runner's vector env")
     cpus_per_runner: PositiveFloat = Field(1.0, description="CPUs reserved per runner actor")
     torch_threads: PositiveInt = Field(1, description="torch threads inside each runner")
-
+    kind: Literal["auto", "vector", "batched"] = Field(
+        "auto",
+        description="what each runner is (aa_ray.runtime.runners): vector = E gymnasium copies in a sync vector env; "
+        "batched = one env.batched env of E copies, stepped in one call; auto = batched when env.batched is set, "
+        "else vector",
+    )
 
 class LearnersSpec(SpecModel):
     num_learners: PositiveInt = Field(
@@ -414,10 +432,11 @@ class RuntimeSpec(SpecModel):
         "started nor imported (debugging, notebooks, one-GPU machines). Inline runs one learner in sync mode, "
         "ignores the CPU/GPU reservations and restarts nothing: an exception in any actor ends the run",
     )
-    mode: Literal["sync", "async"] = Field(
+    mode: Literal["sync", "async", "device"] = Field(
         "sync",
         description="sync: collection and updates in lockstep (reproducible); async: runners keep collecting "
-        "while the learners train",
+        "while the learners train; device: each learner process also steps its own env.batched env and keeps a "
+        "replay ring on its device, so transitions stay tensors there (one process per GPU, DDP between them)",
     )
     max_policy_lag: PositiveInt = Field(
         2, description="async: a runner's weights are at most this many learner updates old"
@@ -525,10 +544,55 @@ class ExperimentSpec(SpecModel):
                 f"{', '.join(MIRRORS)}); name yours by import path in env.mirror (or declare it in the env class's "
                 "metadata['mirror']), or set algo.sym_aug: false"
             )
+        self._check_batched()
         self.algo.check_run(RunShape(
             self.budget.env_steps, self.learners.num_learners, self.transitions_per_fleet_step, self.runtime.mode
         ))
         return self
+
+    @property
+    def runner_kind(self) -> str:
+        """`runners.kind`, with auto decided by whether the env is batched."""
+        if self.runners.kind != "auto":
+            return self.runners.kind
+        return "batched" if self.env.batched is not None else "vector"
+
+    def _check_batched(self) -> None:
+        """What batched envs and the device mode need of the rest of the spec."""
+        if self.runners.kind == "batched" and self.env.batched is None:
+            raise ValueError(
+                "runners.kind batched steps an env that runs many copies in one call, and env.batched is not set; "
+                "name the env's source in env.batched (gymnasium, envpool, torch), or set runners.kind: vector"
+            )
+        if self.runners.kind == "vector" and self.env.batched is not None:
+            raise ValueError(
+                f"runners.kind vector makes E gymnasium copies of the env, but env.batched is {self.env.batched!r}: "
+                "a batched env steps its copies itself; set runners.kind: batched (or auto), or remove env.batched"
+            )
+        if self.runtime.mode != "device":
+            return
+        if self.env.batched is None:
+            raise ValueError(
+                "runtime.mode device keeps the env in the learner's process and needs an env that steps its copies in "
+                "one call: set env.batched (torch for an env whose tensors live on a device)"
+            )
+        if self.algo.family != "off_policy":
+            raise ValueError(
+                f"runtime.mode device keeps a replay ring beside the learner; {self.algo.name} learns on-policy: "
+                "use runtime.mode sync for it"
+            )
+        if self.runners.num_runners != self.learners.num_learners:
+            raise ValueError(
+                f"runtime.mode device runs one env per learner process, so runners.num_runners "
+                f"({self.runners.num_runners}) must equal learners.num_learners ({self.learners.num_learners}); "
+                "runners.envs_per_runner is each process's number of env copies"
+            )
+        unsupported = [field for field, used in (("sym_aug", getattr(self.algo, "sym_aug", False)),
+                                                 ("prior_data", self.prior_data is not None)) if used]
+        if unsupported:
+            raise ValueError(
+                f"algo.{unsupported[0]} is not supported in runtime.mode device yet; use runtime.mode sync for it"
+            )
 
     @property
     def prior_data(self) -> str | None:
