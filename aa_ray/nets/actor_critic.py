@@ -7,11 +7,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
-from aa_ray.nets.policy import ObsDims, ObsNormalizer, actor_input
+from aa_ray.nets.policy import Array, ObsDims, ObsNormalizer, acting_input, actor_input, as_given
 
 
 def tanh_mlp(in_dim: int, hidden_dims: Sequence[int], out_dim: int, out_gain: float) -> nn.Sequential:
@@ -73,28 +72,29 @@ class GaussianActorCritic(nn.Module):
         self.actor_features = obs.actor
 
     @torch.no_grad()
-    def explore(self, obs: np.ndarray, generator: torch.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """A sampled (unclipped) action and its log-probability, for on-policy rollouts."""
-        obs_t = torch.as_tensor(obs, dtype=torch.float32)
+    def explore(self, obs: Array, generator: torch.Generator) -> tuple[Array, Array]:
+        """A sampled (unclipped) action and its log-probability, for on-policy rollouts (numpy or
+        tensors, as the observations came: `as_given`)."""
+        obs_t = acting_input(obs)
         distribution = self.actor.distribution(actor_input(self.obs_norm, obs_t, self.actor_features))
-        noise = torch.randn(distribution.mean.shape, generator=generator)
+        noise = torch.randn(distribution.mean.shape, generator=generator, device=obs_t.device)
         action = distribution.mean + distribution.stddev * noise
-        return action.numpy(), distribution.log_prob(action).sum(-1).numpy()
+        return as_given(action, obs), as_given(distribution.log_prob(action).sum(-1), obs)
 
     @torch.no_grad()
-    def value(self, obs: np.ndarray) -> np.ndarray:
-        return self.critic(self.obs_norm(torch.as_tensor(obs, dtype=torch.float32))).numpy()
+    def value(self, obs: Array) -> Array:
+        return as_given(self.critic(self.obs_norm(acting_input(obs))), obs)
 
     def deterministic_action(self, obs: Tensor) -> Tensor:
         """The mean action clipped to [-1, 1], for raw observations (evaluation, exported policies)."""
         return self.actor.mean(actor_input(self.obs_norm, obs, self.actor_features)).clamp(-1.0, 1.0)
 
     @torch.no_grad()
-    def act(self, obs: np.ndarray, deterministic: bool, generator: torch.Generator | None = None) -> np.ndarray:
+    def act(self, obs: Array, deterministic: bool, generator: torch.Generator | None = None) -> Array:
         """Actions in [-1, 1] (evaluation and recorded datasets): the mean, or a clipped sample."""
-        obs_t = torch.as_tensor(obs, dtype=torch.float32)
+        obs_t = acting_input(obs)
         if deterministic:
-            return self.deterministic_action(obs_t).numpy()
+            return as_given(self.deterministic_action(obs_t), obs)
         distribution = self.actor.distribution(actor_input(self.obs_norm, obs_t, self.actor_features))
-        action = distribution.mean + distribution.stddev * torch.randn(distribution.mean.shape, generator=generator)
-        return action.clamp(-1.0, 1.0).numpy()
+        noise = torch.randn(distribution.mean.shape, generator=generator, device=obs_t.device)
+        return as_given((distribution.mean + distribution.stddev * noise).clamp(-1.0, 1.0), obs)

@@ -3,11 +3,10 @@ in front of an actor whose output is squashed by tanh, plus Gaussian exploration
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
-from aa_ray.nets.policy import ObsDims, ObsNormalizer, actor_input
+from aa_ray.nets.policy import Array, ObsDims, ObsNormalizer, acting_input, actor_input, as_given
 
 
 class DeterministicPolicy(nn.Module):
@@ -33,9 +32,10 @@ class DeterministicPolicy(nn.Module):
         return self(obs)
 
     @torch.no_grad()
-    def act(self, obs: np.ndarray, deterministic: bool, generator: torch.Generator | None = None) -> np.ndarray:
-        action = self(torch.as_tensor(obs, dtype=torch.float32))
+    def act(self, obs: Array, deterministic: bool, generator: torch.Generator | None = None) -> Array:
+        """Actions in [-1, 1] for raw observations, numpy or a tensor (`as_given`)."""
+        action = self(acting_input(obs))
         if deterministic or self.exploration_noise == 0:
-            return action.numpy()
-        noise = torch.randn(action.shape, generator=generator, dtype=action.dtype)
-        return (action + self.exploration_noise * noise).clamp(-1.0, 1.0).numpy()
+            return as_given(action, obs)
+        noise = torch.randn(action.shape, generator=generator, dtype=action.dtype, device=action.device)
+        return as_given((action + self.exploration_noise * noise).clamp(-1.0, 1.0), obs)

@@ -81,6 +81,17 @@ class ObsNormalizer(nn.Module):
         return ((obs - mean) / torch.sqrt(var + self.eps)).clamp(-self.clip, self.clip)
 
 
+def acting_input(obs: np.ndarray | Tensor) -> Tensor:
+    """Observations to act on as a float32 tensor: a tensor stays on its device, uncopied."""
+    return torch.as_tensor(obs, dtype=torch.float32)
+
+
+def as_given(out: Tensor, obs: np.ndarray | Tensor) -> np.ndarray | Tensor:
+    """Acting's result in the form its observations came in: numpy for numpy (a vector env's runner),
+    a tensor on the observations' device for a tensor (a batched env's, which never leaves its device)."""
+    return out if isinstance(obs, Tensor) else out.numpy()
+
+
 def to_bounds(unit: Array, low: Array, high: Array) -> Array:
     """Policy actions in [-1, 1] mapped onto an env's bounds (numpy or torch): what runners, the
     API and exported policies send the env (replay and datasets keep the [-1, 1] ones)."""
@@ -131,15 +142,16 @@ class SquashedGaussianPolicy(nn.Module):
         return torch.tanh(self.actor(actor_input(self.obs_norm, obs, self.actor_features))[0])
 
     @torch.no_grad()
-    def act(self, obs: np.ndarray, deterministic: bool, generator: torch.Generator | None = None) -> np.ndarray:
-        obs_t = torch.as_tensor(obs, dtype=torch.float32)
+    def act(self, obs: Array, deterministic: bool, generator: torch.Generator | None = None) -> Array:
+        """Actions in [-1, 1] for raw observations, numpy or a tensor (`as_given`)."""
+        obs_t = acting_input(obs)
         if deterministic:
-            return self.deterministic_action(obs_t).numpy()
+            return as_given(self.deterministic_action(obs_t), obs)
         mean, log_std = self.actor(actor_input(self.obs_norm, obs_t, self.actor_features))
-        noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype)
+        noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
         # the action of `squashed_gaussian_sample`, op for op, without its log-prob: acting needs none,
         # and at one env per runner those element-wise ops were a third of a runner's CPU per step
-        return torch.tanh(mean + log_std.exp() * noise).numpy()
+        return as_given(torch.tanh(mean + log_std.exp() * noise), obs)
 
 
 class BoundedPolicy(nn.Module):
