@@ -36,6 +36,8 @@ SMALL = {  # small networks and every normalizer on, so merge_stats has somethin
     "ppo": {"actor_hidden_dims": [16], "critic_hidden_dims": [16], "ppo_epochs": 2, "num_minibatches": 2},
     "crossq": {"actor_hidden_dims": [16], "critic_hidden_dims": [16], "policy_delay": 1, "renorm_warmup_steps": 1},
     "droq": {"actor_hidden_dims": [16], "critic_hidden_dims": [16], "utd_ratio": 2},
+    "fast_td3": {"actor_hidden_dims": [16], "critic_hidden_dims": [16], "num_atoms": 11, "policy_delay": 1},
+    "fast_sac": {"actor_hidden_dims": [16], "critic_hidden_dims": [16], "num_atoms": 11, "policy_delay": 1},
 }
 OFF_POLICY = [name for name, entry in ALGORITHMS.items() if entry.config.family == "off_policy"]
 

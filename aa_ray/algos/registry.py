@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 from torch import nn
 
-from aa_ray.algos import crossq, droq, ppo, sac, sac_dist, sac_dist_simba, sac_simba, td3
+from aa_ray.algos import crossq, droq, fast_sac, fast_td3, ppo, sac, sac_dist, sac_dist_simba, sac_simba, td3
 from aa_ray.algos.contract import TrainingSetup
 from aa_ray.errors import what_user_code_did
 from aa_ray.nets.policy import ObsDims
@@ -40,6 +40,8 @@ ALGORITHMS: dict[str, Registered] = {
     "ppo": Registered(ppo.PPOConfig, ppo.PPO, ppo.make_policy),
     "crossq": Registered(crossq.CrossQConfig, crossq.CrossQ, crossq.make_policy),
     "droq": Registered(droq.DroQConfig, droq.DroQ, droq.make_policy),
+    "fast_td3": Registered(fast_td3.FastTD3Config, fast_td3.FastTD3, fast_td3.make_policy),
+    "fast_sac": Registered(fast_sac.FastSACConfig, fast_sac.FastSAC, fast_sac.make_policy),
 }
 
 
