@@ -5,6 +5,7 @@ replay buffer to the learner:
     ReplayBuffer.sample_for_learners -> ReplaySample           PackedTransitions stacked (batches, batch_size,
                                                                width): one array, and the SampleTiming beside it
     Learner (on its device) -> Batch                           what an off-policy algorithm's update reads
+    DeviceReplay.sample     -> DeviceSample (a Batch)          runtime.mode device: drawn on the learner's own device
     EnvRunner.sample_rollout-> (RolloutChunk, ChunkStats)      on-policy chunk, (steps, envs, ...)
     Learner (on its device) -> Rollout                         what an on-policy algorithm's update reads
     Learner.update          -> LearnerReport                   diagnostics, update count, phases beside them
@@ -18,7 +19,7 @@ them between actors; checkpoints keep them as plain dicts (`NormMoments.to_dict`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -207,6 +208,24 @@ class Batch(NamedTuple):
         return Batch(*(t[index] for t in self))
 
 
+class DeviceSample(NamedTuple):
+    """A learner iteration's batches drawn on the learner's own device (`runtime.mode: device`, whose
+    replay ring lives there: `aa_ray.runtime.device_replay`): a `Batch` with leading dims
+    (fleet_steps * utd_ratio, batch), handed to the updates without any copy."""
+
+    batch: Batch
+
+    @property
+    def rows(self) -> int:
+        """Stacked batches."""
+        return self.batch.num_batches
+
+    def fleet_steps(self, utd: int) -> Iterator[Batch]:
+        """One fleet step's `utd` batches at a time (views, no copy)."""
+        for first in range(0, self.rows, utd):
+            yield Batch(*(field[first : first + utd] for field in self.batch))
+
+
 class RolloutChunk(NamedTuple):
     """On-policy data of shape (steps, envs, ...) as an env runner measured it while acting."""
 
@@ -258,3 +277,6 @@ class LearnerReport:
     metrics: dict[str, float]
     updates: int
     phases: dict[str, float] = field(default_factory=dict)
+    # values the caller asked to have read in the same transfer as the metrics (`Learner.update`'s
+    # `also_read`: runtime.mode device's counts and episodes), in its order; empty otherwise
+    read_with: list[float] = field(default_factory=list)

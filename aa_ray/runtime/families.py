@@ -25,7 +25,7 @@ from aa_ray.algos.contract import Algorithm, TrainingSetup
 from aa_ray.algos.registry import build_algorithm
 from aa_ray.envs.symmetry import Mirror, augment
 from aa_ray.nets.policy import ObsDims
-from aa_ray.records import Batch, PackedTransitions, ReplaySample, Rollout, RolloutChunk, Transitions
+from aa_ray.records import Batch, DeviceSample, PackedTransitions, ReplaySample, Rollout, RolloutChunk, Transitions
 
 
 class LearnerView(Protocol):
@@ -59,8 +59,10 @@ class OffPolicy:
         return build_algorithm(cfg, obs, act_dim, setup)
 
     def learn(self, learner: LearnerView, cfg: Any,
-              data: Sequence[ReplaySample | PackedTransitions | Transitions]) -> Learned:
+              data: Sequence[ReplaySample | PackedTransitions | Transitions | DeviceSample]) -> Learned:
         (sample,) = data
+        if isinstance(sample, DeviceSample):  # runtime.mode device: already batches on this learner's device
+            return self._learn_on_device(learner, cfg, sample)
         transitions = sample.transitions if isinstance(sample, ReplaySample) else sample
         if learner.mirror is not None:  # algo.sym_aug: the learner alone sees mirrored data
             unpacked = transitions.unpack() if isinstance(transitions, PackedTransitions) else transitions
@@ -75,6 +77,19 @@ class OffPolicy:
         for fleet_step in learner.batches(transitions, utd):
             diagnostics = learner.algo.update(fleet_step)
         return Learned(diagnostics, rows)
+
+    @staticmethod
+    def _learn_on_device(learner: LearnerView, cfg: Any, sample: DeviceSample) -> Learned:
+        """The spec refuses sym_aug in runtime.mode device, so the batches go to the updates as drawn."""
+        if sample.rows % cfg.utd_ratio:
+            raise ValueError(
+                f"the learner was given {sample.rows} batches, not a whole number of fleet steps of "
+                f"algo.utd_ratio={cfg.utd_ratio} batches each"
+            )
+        diagnostics: dict[str, Any] = {}
+        for fleet_step in sample.fleet_steps(cfg.utd_ratio):
+            diagnostics = learner.algo.update(fleet_step)
+        return Learned(diagnostics, sample.rows)
 
 
 class OnPolicy:

@@ -157,16 +157,26 @@ class Learner:
             self._load(holder[0])
 
     # ---- training ------------------------------------------------------------------------------
-    def update(self, norm_stats: Sequence[NormMoments], *data: Any) -> LearnerReport:
+    def update(self, norm_stats: Sequence[NormMoments], *data: Any, also_read: torch.Tensor | None = None
+               ) -> LearnerReport:
         """One learner iteration on the family's data: one `ReplaySample` (this learner's shard of the
-        global batch, (fleet_steps * utd_ratio, batch) transitions) off-policy, every runner's
-        `RolloutChunk` on-policy. `norm_stats` are the runners' moments of the data collected since
-        the last call; every rank merges the same list, so the normalizers agree. They are merged
-        before or after the updates as the family says (`merge_moments_first`)."""
+        global batch, (fleet_steps * utd_ratio, batch) transitions) off-policy, or a `DeviceSample`
+        already on this learner's device (runtime.mode device), every runner's `RolloutChunk`
+        on-policy. `norm_stats` are the runners' moments of the data collected since the last call;
+        every rank merges the same list, so the normalizers agree. They are merged before or after the
+        updates as the family says (`merge_moments_first`). `also_read`: a tensor on this device the
+        caller needs on the host too (runtime.mode device's counts and episodes), read in the same
+        transfer as the diagnostics and returned in the report's `read_with`."""
         with matmul_precision(self.device, self.spec.learners.matmul_precision):
-            return self._eager_if_compiling_fails(lambda: self._update(norm_stats, data))
+            return self._eager_if_compiling_fails(lambda: self._update(norm_stats, data, also_read))
 
-    def _update(self, norm_stats: Sequence[NormMoments], data: tuple[Any, ...]) -> LearnerReport:
+    def merge_moments(self, norm_stats: Sequence[NormMoments]) -> None:
+        """Fold moments into the normalizers outside an update (runtime.mode device's warm-up, whose
+        moments never wait in a driver's queue)."""
+        self._merge(norm_stats)
+
+    def _update(self, norm_stats: Sequence[NormMoments], data: tuple[Any, ...],
+                also_read: torch.Tensor | None = None) -> LearnerReport:
         start, received = time.perf_counter(), time.time()
         if self.family.merge_moments_first:
             self._merge(norm_stats)
@@ -174,7 +184,7 @@ class Learner:
         if not self.family.merge_moments_first:
             self._merge(norm_stats)
         self.gradient_updates += learned.updates
-        report = self._finish(learned.diagnostics, learned.updates, start)
+        report = self._finish(learned.diagnostics, learned.updates, start, also_read)
         report.metrics[m.LEARNER_GRADIENT_UPDATES] = float(self.gradient_updates)
         for sample in data:
             if isinstance(sample, ReplaySample):  # the replay actor's timings (runtime/phases.py)
@@ -210,15 +220,21 @@ class Learner:
         for moments in norm_stats:
             self.algo.merge_stats(moments.obs, moments.returns)
 
-    def _finish(self, diagnostics: dict[str, Any], updates: int, start: float) -> LearnerReport:
-        """The iteration's diagnostics and the algorithm's health, read on the host in one transfer
-        (the only device sync of the iteration)."""
+    def _finish(self, diagnostics: dict[str, Any], updates: int, start: float,
+                also_read: torch.Tensor | None = None) -> LearnerReport:
+        """The iteration's diagnostics and the algorithm's health (and `also_read`), read on the host
+        in one transfer (the only device sync of the iteration)."""
         health = self.algo.health()
-        info = diagnostics_to_floats(diagnostics | {
+        named = diagnostics | {
             m.LEARNER_SKIPPED_UPDATES: health.skipped_updates,
             m.LEARNER_CONSECUTIVE_SKIPS: health.consecutive_skips,
             m.LEARNER_LARGEST_VALUE: health.largest_value,
-        })
+        }
+        read_with: list[float] = []
+        if also_read is None:
+            info = diagnostics_to_floats(named)
+        else:
+            info, read_with = _read_together(named, also_read)
         self.weights_version += 1
         info[m.LEARNER_UPDATE_TIME_S] = time.perf_counter() - start
         info[m.LEARNER_COMPILED] = float(self.compiled)
@@ -226,7 +242,7 @@ class Learner:
         self.metrics.inc("aa_ray_learner_updates", updates)
         self.metrics.set("aa_ray_learner_updates_per_s", updates / max(info[m.LEARNER_UPDATE_TIME_S], 1e-9))
         self.metrics.losses(info)
-        return LearnerReport(info, updates)
+        return LearnerReport(info, updates, read_with=read_with)
 
     def policy_state(self) -> tuple[dict[str, torch.Tensor], int]:
         return self.algo.policy_state(), self.weights_version
@@ -294,6 +310,15 @@ class DeviceFeed:
             compute.wait_event(copied)
             rows.record_stream(compute)  # allocated on the side stream, used on this one
             yield Batch.from_rows(rows, packed)  # the fields split on the device
+
+
+def _read_together(named: dict[str, Any], also_read: torch.Tensor) -> tuple[dict[str, float], list[float]]:
+    """`diagnostics_to_floats` with a vector of the caller's appended: both in one host transfer."""
+    names = list(named)
+    scalars = [torch.as_tensor(named[name], dtype=torch.float64, device=also_read.device).detach().reshape(())
+               for name in names]
+    values = torch.cat([torch.stack(scalars), also_read.detach().to(torch.float64).reshape(-1)]).tolist()
+    return dict(zip(names, values[: len(names)], strict=True)), values[len(names):]
 
 
 def _flatten(tree: Any) -> list[torch.Tensor]:
