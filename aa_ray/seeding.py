@@ -60,6 +60,12 @@ def warm_up_rng(spec_seed: int, index: int, incarnation: int) -> np.random.Gener
     return np.random.default_rng(stream(spec_seed, Stream.WARM_UP_ACTIONS, index, incarnation))
 
 
+def warm_up_seed(spec_seed: int, index: int, incarnation: int) -> int:
+    """The warm-up stream as one seed, for a torch generator (a batched env's runner draws its
+    uniform actions on the env's device)."""
+    return words(stream(spec_seed, Stream.WARM_UP_ACTIONS, index, incarnation), 1)[0]
+
+
 def exploration_seed(spec_seed: int, index: int, incarnation: int) -> int:
     """The seed of runner `index`'s torch generator, which samples the policy's actions."""
     return words(stream(spec_seed, Stream.EXPLORATION, index, incarnation), 1)[0]

@@ -18,11 +18,11 @@ import torch
 from aa_ray import cli
 from aa_ray.data import dataset as ds
 from aa_ray.data.dataset import DatasetError, DatasetMeta, write_dataset
+from aa_ray.data.recorder import DatasetRecorder
 from aa_ray.data.rollout import RolloutError, policy_from_checkpoint, rollout
 from aa_ray.data.sources import read_dataset
 from aa_ray.records import Transitions
 from aa_ray.runtime.checkpoint import save_checkpoint
-from aa_ray.runtime.env_runner import EnvRunner
 from aa_ray.runtime.learner import Learner
 from aa_ray.runtime.replay import ReplayBuffer, prior_rows
 from aa_ray.runtime.trainer import Trainer
@@ -306,7 +306,7 @@ def test_a_checkpoint_whose_algo_does_not_fit_the_rollout_spec_is_refused(tmp_pa
     assert rolled.algo.name == "ppo" and rolled.algo.family == "on_policy"
 
 
-# ---- EnvRunner.rollout, in-process ---------------------------------------------------------------
+# ---- DatasetRecorder.rollout, in-process -----------------------------------------------------------
 
 
 class CountingEnv(gym.Env):
@@ -328,7 +328,7 @@ class CountingEnv(gym.Env):
 gym.register("aa_ray_tests/DatasetCounting-v0", entry_point=CountingEnv, max_episode_steps=4)
 
 
-def test_env_runner_rollout_returns_whole_numbered_episodes_and_carries_the_rest_over() -> None:
+def test_recorder_returns_whole_numbered_episodes_and_carries_the_rest_over() -> None:
     raw = {
         "name": "counting",
         "env": {"id": "aa_ray_tests/DatasetCounting-v0"},
@@ -337,7 +337,7 @@ def test_env_runner_rollout_returns_whole_numbered_episodes_and_carries_the_rest
         "budget": {"env_steps": 1000},
         "runners": {"envs_per_runner": 2},
     }
-    runner = EnvRunner(validate_spec(apply_overrides(raw, [])), index=0)
+    runner = DatasetRecorder(validate_spec(apply_overrides(raw, [])), index=0)
     first, stats = runner.rollout(3, first_eps_id=10)
     assert set(first) == set(ds.COLUMNS) and len(stats) == 3
     assert first[ds.EPS_ID].tolist() == [10] * 4 + [11] * 4 + [12] * 4

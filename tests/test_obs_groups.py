@@ -122,15 +122,15 @@ def test_with_mode_left_out_of_both_lists_is_fine(goal_env: list[str]) -> None:
 
 def test_a_dataset_keeps_one_column_per_key_and_reads_back_whole(tmp_path: Path) -> None:
     from aa_ray.data.dataset import DatasetError, dataset_meta, write_dataset
+    from aa_ray.data.recorder import DatasetRecorder
     from aa_ray.data.sources import checked_prior_data, read_dataset
-    from aa_ray.runtime.env_runner import EnvRunner
 
     sets = [f"{key}={value}" for key, value in (("env.kwargs", "{obs_groups: true}"),
                                                  ("algo.actor_obs", "[proprio, command]"),
                                                  ("algo.critic_obs", "[proprio, command, privileged]"))]
     spec = load_spec(SPECS / "sac.yaml", sets)
-    runner = EnvRunner(spec, 0)
-    transitions, _ = runner.rollout(2, first_eps_id=0)
+    recorder = DatasetRecorder(spec, 0)
+    transitions, _ = recorder.rollout(2, first_eps_id=0)
     path = write_dataset(tmp_path / "grouped.parquet", transitions, dataset_meta(spec, "test"))
     names = pq.read_schema(path).names
     assert {"obs/proprio", "obs/command", "obs/privileged", "new_obs/privileged"} <= set(names) and "obs" not in names

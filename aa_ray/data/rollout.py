@@ -1,7 +1,7 @@
 """`aa-ray rollout`: record a transition dataset with the env-runner fleet.
 
-The spec's env and `runners` section decide what runs: R EnvRunner actors, each stepping its E
-env copies with a checkpoint's policy or the env's scripted controller. The driver hands each
+The spec's env and `runners` section decide what runs: R `DatasetRecorder` actors (`recorder.py`),
+each stepping its E env copies with a checkpoint's policy or the env's scripted controller. The driver hands each
 runner a share of the episodes in rounds (one `rollout` call per runner per round) and streams
 every round's episodes into the dataset while the next round runs: a Parquet file (the default,
 `aa_ray/data/dataset.py`) or, with `format="minari"`, a Minari dataset (`aa_ray/data/minari_format.py`).
@@ -166,6 +166,7 @@ def rollout(
     beyond what `spec` names (`aa_ray.spec.trust`). `overwrite`: replace a Parquet dataset already at
     `out` (refused otherwise; a Minari dataset is never replaced). A disk that fills up is a
     RolloutError, with nothing of the dataset left behind."""
+    from aa_ray.data.recorder import DatasetRecorder
     from aa_ray.envs import env_dims
     from aa_ray.envs.info_metrics import metric_name
     from aa_ray.runtime import cluster
@@ -195,7 +196,7 @@ def rollout(
         started_ray = spec.runtime.backend == "ray" and cluster.connect(spec)
         graph: ActorGraph | None = None
         try:
-            graph = ActorGraph(spec, obs, act_dim, learning=False)
+            graph = ActorGraph(spec, obs, act_dim, learning=False, runner=DatasetRecorder)
             graph.start()
             runners = graph.runners
             if policy_state is not None:

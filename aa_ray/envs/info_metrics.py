@@ -48,17 +48,6 @@ def tracked_info_keys(spec: ExperimentSpec, env: gym.Env | gym.vector.VectorEnv)
     return tuple(dict.fromkeys([SUCCESS_KEY, *declared_info_metrics(env), *spec.eval.info_metrics]))
 
 
-def task_metric_keys(spec: ExperimentSpec) -> tuple[str, ...]:
-    """`tracked_info_keys` of the spec's env, made once here (for checks before a run starts)."""
-    from aa_ray.envs.make import make_env
-
-    env = make_env(spec)
-    try:
-        return tracked_info_keys(spec, env)
-    finally:
-        env.close()
-
-
 def final_info(info: dict[str, Any], i: int, keys: tuple[str, ...]) -> dict[str, float]:
     """The values of `keys` that env copy `i` reported in a vector env's `info` (a key's `_key` mask
     says which copies did), as floats. ValueError naming the key when one is not a number."""

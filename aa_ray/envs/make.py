@@ -13,8 +13,11 @@ import gymnasium as gym
 import mujoco
 import numpy as np
 
+from aa_ray.envs.batched import BatchedEnv, BatchedEnvError
+from aa_ray.envs.batched import make_batched_env as adapted_batched_env
+from aa_ray.envs.info_metrics import tracked_info_keys
 from aa_ray.envs.obs_groups import GroupedObservations, ObsLayoutError, obs_layout
-from aa_ray.envs.source import EnvSourceError, make_target, prepare
+from aa_ray.envs.source import EnvSourceError, make_target, prepare, resolve_entry_point
 from aa_ray.errors import SpecError, what_user_code_did
 from aa_ray.nets.policy import ObsDims
 
@@ -57,6 +60,30 @@ def make_vector_env(spec: ExperimentSpec, num_envs: int, same_step_reset: bool =
     return _made(spec, lambda: gym.make_vec(make_target(spec.env), num_envs=num_envs, vectorization_mode="sync",
                                             wrappers=[partial(grouped, spec=spec)], **kwargs),
                  show_model_warnings)
+
+
+def make_batched_env(spec: ExperimentSpec, num_envs: int, show_model_warnings: bool = True) -> BatchedEnv:
+    """The spec's `env.batched` env with `num_envs` copies, adapted to `BatchedEnv` (its observation
+    groups laid out for the spec's actor_obs / critic_obs); errors as `make_vector_env`."""
+    env = spec.env
+    target = resolve_entry_point(env.entry_point, env) if env.entry_point is not None else env.id
+    return _made(spec, lambda: adapted_batched_env(
+        env.batched, target, num_envs, env.device, actor_obs=spec.algo.actor_obs,
+        critic_obs=spec.algo.critic_obs, info_metrics=spec.eval.info_metrics, **env_kwargs(spec),
+    ), show_model_warnings)
+
+
+def task_metric_keys(spec: ExperimentSpec) -> tuple[str, ...]:
+    """`info_metrics.tracked_info_keys` of the spec's env, made once here (for checks before a run starts)."""
+    if spec.env.batched is not None:
+        envs = make_batched_env(spec, 1)
+        envs.close()
+        return envs.info_keys
+    env = make_env(spec)
+    try:
+        return tracked_info_keys(spec, env)
+    finally:
+        env.close()
 
 
 def make_env(spec: ExperimentSpec, show_model_warnings: bool = True, **make_kwargs: Any) -> gym.Env:
@@ -133,11 +160,14 @@ def env_dims(spec: ExperimentSpec) -> tuple[ObsDims, int]:
     through the spec's actor_obs / critic_obs; actions a flat bounded Box. Builds the env once, so
     a spec whose env cannot be made or read fails here, before any actor starts."""
     try:
-        envs = make_vector_env(spec, 1)
+        envs = make_batched_env(spec, 1) if spec.env.batched is not None else make_vector_env(spec, 1)
     except EnvSetupError as err:
-        if isinstance(err.__cause__, ObsLayoutError):  # the spec's keys, not the env, are wrong
+        if isinstance(err.__cause__, ObsLayoutError | BatchedEnvError):  # the spec, not the env, is wrong
             raise SpecError(str(err.__cause__)) from None
         raise
+    if spec.env.batched is not None:  # the adapter checked its spaces
+        envs.close()
+        return envs.obs_dims, envs.act_dim
     try:
         obs_space, act_space, obs = envs.single_observation_space, envs.single_action_space, vector_obs_dims(envs)
     finally:

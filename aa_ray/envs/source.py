@@ -37,6 +37,7 @@ class EnvSource(Protocol):
     entry_point: str | Callable[..., gym.Env] | None
     imports: Sequence[str]
     py_modules: Sequence[str]
+    batched: str | None  # a batched env's source (aa_ray.envs.batched), None for a gymnasium env
 
 
 def registered_id(env_id: str) -> str:
@@ -107,7 +108,8 @@ def resolve_entry_point(entry_point: str | Callable[..., gym.Env], env: EnvSourc
     target = entry_point if callable(entry_point) else import_object(
         entry_point, "env.entry_point", env, "ClassOrFunction (e.g. mypkg.envs:MyRobotEnv)"
     )
-    if isinstance(target, type) and not issubclass(target, gym.Env):
+    # a batched env (env.batched) is an object of its own shape (Isaac Lab's, EnvPool's), not a gymnasium Env
+    if isinstance(target, type) and not issubclass(target, gym.Env) and getattr(env, "batched", None) is None:
         raise EnvSourceError(
             f"env.entry_point: {entry_point!r} is a class but not a gymnasium Env (a subclass of gymnasium.Env); "
             "name the env class, or a function that returns an env."
@@ -129,6 +131,13 @@ def prepare(env: EnvSource) -> None:
     if env.entry_point is not None:
         resolve_entry_point(env.entry_point, env)
         return
+    if getattr(env, "batched", None) == "envpool":
+        return  # EnvPool's own task ids: the adapter checks the id against EnvPool's list
+    if getattr(env, "batched", None) == "torch":
+        raise EnvSourceError(
+            "env.batched: torch calls the env's class or creator itself: name it in env.entry_point "
+            "(e.g. aa_ray.envs.point_reach:PointReach)."
+        )
     module = id_module(env.id)
     if module is not None:
         import_module(module, "env.id", env)

@@ -16,8 +16,6 @@ from aa_ray import metric_names as m
 from aa_ray import seeding
 from aa_ray.algos.contract import OnPolicyActor
 from aa_ray.algos.registry import build_policy
-from aa_ray.data import dataset as ds
-from aa_ray.data.scripted import scripted_controllers
 from aa_ray.envs import RENDER_BACKEND_ERRORS, make_env, make_vector_env, vector_obs_dims
 from aa_ray.envs.info_metrics import final_info, metric_name, tracked_info_keys
 from aa_ray.nets.policy import ObsDims, to_bounds
@@ -63,41 +61,6 @@ class EpisodeTracker:
         return finished
 
 
-class EpisodeRecorder:
-    """Steps a vector env and keeps each env copy's current episode until it ends (rollouts)."""
-
-    def __init__(self, envs: gym.vector.VectorEnv, seeds: list[int], keys: tuple[str, ...] = ()):
-        self.envs = envs
-        self.keys = keys  # the info keys each episode's stats keep (see EpisodeTracker)
-        self.obs, _ = envs.reset(seed=seeds)
-        self.autoreset = np.zeros(envs.num_envs, dtype=bool)
-        self.current: list[list[tuple]] = [[] for _ in range(envs.num_envs)]
-        self.finished: deque[tuple[Transitions, EpisodeStats]] = deque()
-
-    def step(self, action: np.ndarray, to_env_action: Any) -> None:
-        next_obs, reward, terminated, truncated, info = self.envs.step(to_env_action(action))
-        for i in range(self.envs.num_envs):
-            if self.autoreset[i]:  # the reset step after an episode's end: not a transition
-                continue
-            step = (self.obs[i].copy(), action[i].copy(), reward[i], next_obs[i].copy(), terminated[i], truncated[i])
-            self.current[i].append(step)  # copies: a vector env may reuse its observation buffers
-            if terminated[i] or truncated[i]:
-                self.finished.append(self._episode(self.current[i], info, i, self.keys))
-                self.current[i] = []
-        self.autoreset = terminated | truncated
-        self.obs = next_obs
-
-    @staticmethod
-    def _episode(
-        steps: list[tuple], info: dict[str, Any], i: int, keys: tuple[str, ...]
-    ) -> tuple[Transitions, EpisodeStats]:
-        obs, action, reward, next_obs, terminated, truncated = (
-            np.asarray(c, np.float32) for c in zip(*steps, strict=True)
-        )
-        episode = Transitions(obs, action, reward, next_obs, terminated, truncated, np.ones_like(reward))
-        return episode, EpisodeStats(float(reward.sum()), float(len(steps)), final_info(info, i, keys))
-
-
 class EnvRunner:
     """Owns E env copies and acts with the latest published policy weights.
 
@@ -132,7 +95,6 @@ class EnvRunner:
         n_step = getattr(spec.algo, "n_step", 1)
         self.nstep = NStepWindow(self.num_envs, n_step, self.gamma) if n_step > 1 else None
         self.eval_envs: gym.vector.VectorEnv | None = None
-        self.recorder: EpisodeRecorder | None = None  # rollout() state, made on first use
         self.metrics = RunMetrics(run_tag(spec), runner=index)
         self.weights_s = 0.0  # loading policy weights since the last chunk (the publish phase)
 
@@ -266,35 +228,6 @@ class EnvRunner:
         if not rows:
             return Transitions(**{k: v[:0] for k, v in buf.items()}, discount=np.zeros(0, np.float32))
         return Transitions(*(np.asarray(column, np.float32) for column in zip(*rows, strict=True)))
-
-    def rollout(
-        self, num_episodes: int, first_eps_id: int, scripted: bool = False, deterministic: bool = False
-    ) -> tuple[dict[str, np.ndarray], list[EpisodeStats]]:
-        """Record `num_episodes` whole episodes, acting with the current policy (sampled, or its
-        mean with `deterministic`) or with the env's scripted controller. Returns (transitions in the
-        dataset's columns, each episode's stats); episodes get ids `first_eps_id`, +1, ...
-
-        Uses its own env copies, separate from `sample`'s. Episodes still running when a call
-        returns carry over into the next call, so no env step is wasted between calls."""
-        if scripted:
-            controller = scripted_controllers().get(self.spec.env.id)
-            if controller is None:
-                raise ValueError(f"env {self.spec.env.id} has no scripted controller")
-            act = lambda obs: np.clip(controller(obs), -1.0, 1.0).astype(np.float32)  # noqa: E731
-        else:
-            act = lambda obs: self.policy.act(obs, deterministic=deterministic, generator=self.generator)  # noqa: E731
-        if self.recorder is None:
-            envs = make_vector_env(self.spec, self.num_envs, show_model_warnings=False)
-            seeds = seeding.rollout_env_seeds(self.spec.seed, self.index, self.incarnation, self.num_envs)
-            self.recorder = EpisodeRecorder(envs, seeds=seeds, keys=self.info_keys)
-        recorder = self.recorder
-        while len(recorder.finished) < num_episodes:
-            recorder.step(act(recorder.obs), self.to_env_action)
-        episodes = [recorder.finished.popleft() for _ in range(num_episodes)]
-        if not episodes:
-            return {name: np.zeros(0) for name in ds.COLUMNS}, []
-        columns = [ds.episode_columns(steps, first_eps_id + k) for k, (steps, _) in enumerate(episodes)]
-        return {name: np.concatenate([c[name] for c in columns]) for name in ds.COLUMNS}, [s for _, s in episodes]
 
     def evaluate(self, num_episodes: int) -> dict[str, float]:
         """Run `num_episodes` deterministic episodes on separate envs with fixed seeds, so every

@@ -1,7 +1,8 @@
 """The actor graph: one run's learners, env runners and replay actor, in its placement group.
 
-Each actor is a thin shell around a plain class that tests use in-process (`Learner`,
-`EnvRunner`, `ReplayBuffer`), made by the spec's backend (`actor_backend`, chosen here only):
+Each actor is a thin shell around a plain class that tests use in-process (`Learner`, a runner
+of the spec's kind (`runners.py`), `ReplayBuffer`), made by the spec's backend (`actor_backend`,
+chosen here only):
 `runtime.backend: ray` makes `ray.remote(PlainClass)` actors in the run's placement group
 (`cluster.RayActors`), `inline` makes in-process shells with the same call interface
 (`aa_ray.runtime.inline`), so this module and the loops drive both alike. The group's bundles are
@@ -41,12 +42,12 @@ from aa_ray.nets.policy import ObsDims
 from aa_ray.records import ChunkStats, LearnerReport, NormMoments, return_moments
 from aa_ray.runtime.checkpoint import REPLAY_FILE
 from aa_ray.runtime.cluster import NodeLoss, RayActors
-from aa_ray.runtime.env_runner import EnvRunner
 from aa_ray.runtime.inline import InlineActors
 from aa_ray.runtime.learner import Learner
 from aa_ray.runtime.metrics import run_tag
 from aa_ray.runtime.remote import ActorLost, LearnerFailed, TrainingError, get_results
 from aa_ray.runtime.replay import ReplayBuffer
+from aa_ray.runtime.runners import runner_class
 from aa_ray.spec.experiment import ExperimentSpec
 
 
@@ -69,10 +70,13 @@ class ActorGraph:
     ends both."""
 
     def __init__(
-        self, spec: ExperimentSpec, obs: ObsDims, act_dim: int, prior_path: Path | None = None, learning: bool = True
+        self, spec: ExperimentSpec, obs: ObsDims, act_dim: int, prior_path: Path | None = None, learning: bool = True,
+        runner: type | None = None,
     ):
-        """`learning=False`: runners only (a rollout with given weights), in bundles of their own."""
+        """`learning=False`: runners only (a rollout with given weights), in bundles of their own.
+        `runner`: the class each runner is (default: the spec's runner kind, `runners.runner_class`)."""
         self.spec, self.learning = spec, learning
+        self.runner_class = runner or runner_class(spec)
         self.obs, self.act_dim, self.prior_path = obs, act_dim, prior_path
         self.actors = actor_backend(spec, learning)
         self.first_runner_bundle = spec.learners.num_learners if learning else 0
@@ -138,7 +142,7 @@ class ActorGraph:
 
     def _make_runner(self, index: int, incarnation: int = 0) -> Any:
         return self.actors.start(
-            EnvRunner, self.spec, index, incarnation,
+            self.runner_class, self.spec, index, incarnation,
             bundle=self.first_runner_bundle + index, num_cpus=self.spec.runners.cpus_per_runner,
             torch_threads=self.spec.runners.torch_threads,
         )

@@ -66,7 +66,8 @@ def check_stop_metric(spec: ExperimentSpec) -> None:
     not eval/return, eval/length, eval/success, nor a task metric the env declares or the spec lists
     in eval.info_metrics (the env is made once to read its declared ones). The shorthands are not
     checked: an env without their metric skips them, as it always did."""
-    from aa_ray.envs.info_metrics import metric_name, task_metric_keys
+    from aa_ray.envs.info_metrics import metric_name
+    from aa_ray.envs.make import task_metric_keys
 
     rule = spec.budget.stop_at
     builtin = (m.EVAL_RETURN, m.EVAL_LENGTH, m.EVAL_SUCCESS, m.EVAL_AT_ENV_STEPS)

@@ -163,7 +163,8 @@ def _check_metric(metric: str, base: ExperimentSpec, path: Path) -> None:
     base's env (made once here to read the ones it declares)."""
     if metric in SWEEP_METRICS:
         return
-    from aa_ray.envs.info_metrics import metric_name, task_metric_keys
+    from aa_ray.envs.info_metrics import metric_name
+    from aa_ray.envs.make import task_metric_keys
 
     names = [metric_name(key) for key in task_metric_keys(base)]
     reported = [*SWEEP_METRICS, *(prefix + name for name in names for prefix in (m.EVAL_PREFIX, m.TRAIN_PREFIX))]

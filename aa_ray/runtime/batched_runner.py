@@ -1,0 +1,216 @@
+"""BatchedRunner (`runners.kind: batched`): one batched env of E copies (`env.batched`: a gymnasium
+VectorEnv, EnvPool, or a torch env in the Isaac Lab / mjlab shape) stepped in one call, with the
+current policy acting on the env's own tensors.
+
+Everything between the env's step and the end of a chunk stays tensors on the env's device:
+acting, the episode bookkeeping, n-step windows (`tensor_steps`). A chunk is handed to the replay
+actor as one `Transitions` record on the host, read in one transfer; its episodes and moments in
+another. The env's same-step autoreset (`aa_ray.envs.batched`) means no step is lost to resets:
+every row with `valid` set is a real transition.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from aa_ray import metric_names as m
+from aa_ray import seeding
+from aa_ray.algos.contract import OnPolicyActor
+from aa_ray.algos.registry import build_policy
+from aa_ray.envs.batched import BatchedEnv
+from aa_ray.envs.info_metrics import metric_name
+from aa_ray.envs.make import make_batched_env
+from aa_ray.nets.policy import ObsDims, to_bounds
+from aa_ray.records import ChunkStats, NormMoments, RolloutChunk, Transitions
+from aa_ray.runtime.metrics import RunMetrics, run_tag
+from aa_ray.runtime.tensor_steps import ChunkEpisodes, TensorNStep, tensor_obs_moments
+from aa_ray.spec.experiment import ExperimentSpec
+
+NO_VIDEO = "eval video skipped: a batched env (env.batched) renders no frames here; set eval.video: false"
+
+
+class BatchedRunner:
+    """Owns one batched env of E copies and acts with the latest published policy weights."""
+
+    def __init__(self, spec: ExperimentSpec, index: int, incarnation: int = 0):
+        self.spec, self.index, self.incarnation = spec, index, incarnation
+        self.num_envs = spec.runners.envs_per_runner
+        self.envs: BatchedEnv = make_batched_env(spec, self.num_envs, show_model_warnings=False)
+        self.device = self.envs.device
+        self.obs_dims, self.act_dim = self.envs.obs_dims, self.envs.act_dim
+        self.policy = build_policy(spec.algo, self.obs_dims, self.act_dim).to(self.device)
+        self.policy_version = -1
+        self.warm_up = torch.Generator(self.device).manual_seed(seeding.warm_up_seed(spec.seed, index, incarnation))
+        self.generator = torch.Generator(self.device).manual_seed(
+            seeding.exploration_seed(spec.seed, index, incarnation))
+        self.obs = self.envs.reset(seed=seeding.train_env_seeds(spec.seed, index, incarnation, 1)[0])
+        self.gamma = spec.algo.gamma
+        self.episodes = ChunkEpisodes(self.num_envs, self.device, self.gamma)
+        self.nstep = TensorNStep(getattr(spec.algo, "n_step", 1), self.gamma)
+        self.eval_envs: BatchedEnv | None = None
+        self.metrics = RunMetrics(run_tag(spec), runner=index)
+        self.weights_s = 0.0
+
+    def env_dims(self) -> tuple[ObsDims, int]:
+        return self.obs_dims, self.act_dim
+
+    def close(self) -> None:
+        for envs in (self.envs, self.eval_envs):
+            if envs is not None:
+                envs.close()
+
+    def set_weights(self, state: dict[str, Tensor], version: int) -> None:
+        if version != self.policy_version:
+            start = time.perf_counter()
+            self.policy.load_state_dict(state)  # copies onto the policy's device
+            self.policy_version = version
+            self.weights_s += time.perf_counter() - start
+
+    def to_env_action(self, action: Tensor) -> Tensor:
+        return to_bounds(action, self.envs.action_low, self.envs.action_high)
+
+    def sample(self, num_steps: int, random_actions: bool) -> tuple[Transitions, ChunkStats]:
+        """Step all E copies `num_steps` times; the chunk's real transitions (n-step ones with
+        algo.n_step > 1) on the host, and its stats."""
+        start = time.perf_counter()
+        self.episodes.start(num_steps)
+        rows: list[dict[str, Tensor]] = []
+        for _ in range(num_steps):
+            if random_actions:
+                action = torch.rand((self.num_envs, self.act_dim), generator=self.warm_up, device=self.device) * 2 - 1
+            else:
+                action = self.policy.act(self.obs, deterministic=False, generator=self.generator)
+            step = self.envs.step(self.to_env_action(action))
+            self.episodes.step(step)
+            row = {"obs": self.obs, "action": action, "reward": step.reward, "next_obs": step.next_obs,
+                   "terminated": step.terminated, "truncated": step.truncated, "valid": step.valid}
+            emitted = self.nstep.push(row) if self.nstep.n_step > 1 else {**row, "discount": None}
+            if emitted is not None:
+                rows.append(emitted)
+            self.obs = step.obs
+        transitions, observed = self._transitions(rows)
+        episodes, returns = self.episodes.finish()
+        moments = NormMoments(tensor_obs_moments(observed), returns)
+        return transitions, self._chunk_stats(int(observed.shape[0]), episodes, moments, start)
+
+    def _transitions(self, rows: list[dict[str, Tensor]]) -> tuple[Transitions, Tensor]:
+        """The valid rows of the chunk's steps as host arrays (one transfer), and the observations of
+        the chunk's real steps on the device (for the normalizer's moments)."""
+        if not rows:
+            empty = torch.zeros((0, self.obs_dims.full), device=self.device)
+            return Transitions.empty(0, self.obs_dims.full, self.act_dim), empty
+        valid = torch.stack([row["valid"] for row in rows]).reshape(-1)
+
+        def column(name: str) -> Tensor:
+            stacked = torch.stack([row[name] for row in rows])
+            return stacked.reshape(-1, *stacked.shape[2:])[valid].to(torch.float32)
+
+        discount = (column("discount") if rows[0]["discount"] is not None
+                    else torch.full((int(valid.sum()),), self.gamma, device=self.device))
+        fields = [column(name) for name in ("obs", "action", "reward", "next_obs", "terminated", "truncated")]
+        host = [field.cpu().numpy() for field in (*fields, discount.to(torch.float32))]
+        return Transitions(*host), fields[0]
+
+    def _chunk_stats(self, env_steps: int, episodes: list, moments: NormMoments, start: float) -> ChunkStats:
+        stats = ChunkStats(env_steps, episodes, self.policy_version, moments,
+                           collect_s=time.perf_counter() - start, weights_s=self.weights_s)
+        self.weights_s = 0.0
+        self.metrics.inc("aa_ray_env_steps", env_steps)
+        self.metrics.set("aa_ray_env_steps_per_s", env_steps / max(stats.collect_s, 1e-9))
+        return stats
+
+    def sample_rollout(self, num_steps: int) -> tuple[RolloutChunk, ChunkStats]:
+        """On-policy: `num_steps` steps of every copy, (num_steps, E, ...) on the host. A row that is
+        not a real transition (a source that cannot say what a truncated episode's last observation
+        was) is bootstrapped from its own observation's value."""
+        start = time.perf_counter()
+        self.episodes.start(num_steps)
+        policy: OnPolicyActor = self.policy
+        names = ("obs", "action", "log_prob", "reward", "next_obs", "terminated", "truncated")
+        steps: dict[str, list[Tensor]] = {name: [] for name in names}
+        for _ in range(num_steps):
+            action, log_prob = policy.explore(self.obs, self.generator)
+            step = self.envs.step(self.to_env_action(action.clamp(-1.0, 1.0)))
+            self.episodes.step(step)
+            next_obs = torch.where(step.valid[:, None], step.next_obs, self.obs)
+            for name, value in (("obs", self.obs), ("action", action), ("log_prob", log_prob),
+                                ("reward", step.reward), ("next_obs", next_obs),
+                                ("terminated", step.terminated), ("truncated", step.truncated | ~step.valid)):
+                steps[name].append(value)
+            self.obs = step.obs
+        stacked = {name: torch.stack(values).to(torch.float32) for name, values in steps.items()}
+        shape = (num_steps, self.num_envs)
+        flat_obs = stacked["obs"].reshape(-1, self.obs_dims.full)
+        value = policy.value(flat_obs).reshape(shape)
+        next_value = policy.value(stacked["next_obs"].reshape(-1, self.obs_dims.full)).reshape(shape)
+        chunk = RolloutChunk(*(t.cpu().numpy() for t in (
+            stacked["obs"], stacked["action"], stacked["log_prob"], value, stacked["reward"], next_value,
+            stacked["terminated"], stacked["truncated"])))
+        episodes, returns = self.episodes.finish()
+        moments = NormMoments(tensor_obs_moments(flat_obs), returns)
+        return chunk, self._chunk_stats(num_steps * self.num_envs, episodes, moments, start)
+
+    def evaluate(self, num_episodes: int) -> dict[str, float]:
+        """`num_episodes` deterministic episodes, one per copy of a separate batched env reset with
+        the run's eval seed (every evaluation faces the same starts)."""
+        if self.eval_envs is None or self.eval_envs.num_envs != num_episodes:
+            if self.eval_envs is not None:
+                self.eval_envs.close()
+            self.eval_envs = make_batched_env(self.spec, num_episodes, show_model_warnings=False)
+        envs = self.eval_envs
+        obs = envs.reset(seed=seeding.eval_env_seeds(self.spec.seed, 1)[0])
+        running = torch.ones(num_episodes, dtype=torch.bool, device=envs.device)
+        returns = torch.zeros(num_episodes, dtype=torch.float64, device=envs.device)
+        lengths = torch.zeros(num_episodes, dtype=torch.int64, device=envs.device)
+        infos = {key: torch.full((num_episodes,), float("nan"), dtype=torch.float64, device=envs.device)
+                 for key in self.envs.info_keys}
+        while bool(running.any()):
+            step = envs.step(to_bounds(self.policy.act(obs, deterministic=True), envs.action_low, envs.action_high))
+            counted = running & step.valid
+            returns += torch.where(counted, step.reward.to(torch.float64), 0.0)
+            lengths += counted
+            ended = running & (step.terminated | step.truncated)
+            for key, (values, mask) in step.episode_info.items():
+                if key in infos:
+                    infos[key] = torch.where(ended & mask, values.to(torch.float64), infos[key])
+            running &= ~ended
+            obs = step.obs
+        out = {m.EVAL_RETURN: float(returns.mean()), m.EVAL_LENGTH: float(lengths.to(torch.float64).mean())}
+        for key, values in infos.items():
+            reported = values[~values.isnan()]
+            if reported.numel():
+                out[m.EVAL_PREFIX + metric_name(key)] = float(reported.mean())
+        return out
+
+    def record_video(self, max_frames: int) -> tuple[bytes | None, str | None]:
+        return None, NO_VIDEO
+
+    def state(self) -> dict[str, Any]:
+        """What the next `sample` depends on: generators, the current observations, episode and n-step
+        state, and the env's own state where its source can give one (`env` None: episodes restart on
+        resume, and `env_restarts` says so)."""
+        env_state = self.envs.state()
+        return {
+            "kind": "batched",
+            "warm_up_rng": self.warm_up.get_state(),
+            "torch_rng": self.generator.get_state(),
+            "obs": self.obs.cpu(),
+            "episodes": self.episodes.state(),
+            "nstep": self.nstep.state(),
+            "env": env_state,
+            "env_restarts": env_state is None,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.warm_up.set_state(state["warm_up_rng"])
+        self.generator.set_state(state["torch_rng"])
+        if state.get("env") is None or state["obs"].shape[0] != self.num_envs:
+            return  # the env's copies start afresh (the checkpoint says so: env_restarts)
+        self.envs.load_state(state["env"])
+        self.obs = state["obs"].to(self.device)
+        self.episodes.load_state(state["episodes"])
+        self.nstep.load_state(state["nstep"], self.device)
