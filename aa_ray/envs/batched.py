@@ -148,7 +148,8 @@ def make_batched_env(source: str, target: str | Callable[..., Any], num_envs: in
                     "needs an id registered with a vector_entry_point, or an env.entry_point that returns a "
                     "gymnasium VectorEnv (leave env.batched out to step copies of a single env)."
                 ) from err
-        return VectorEnvAdapter(envs, device, expected_envs=num_envs, label=label, **options)
+        return VectorEnvAdapter(envs, device, expected_envs=num_envs, label=label,
+                                field="env.entry_point" if callable(target) else "env.id", **options)
     if source == "envpool":
         if not isinstance(target, str):
             raise BatchedEnvError(f"env.batched: envpool takes a task id in env.id (e.g. HalfCheetah-v5), got "
@@ -447,7 +448,8 @@ class EnvPoolAdapter(VectorEnvAdapter):
     `VectorEnv` with next-step autoreset, in synchronous mode (`batch_size` = `num_envs`, so every
     call returns every copy, in env order). EnvPool fixes its seeds when the pool is made, so
     `reset(seed)` makes the pool again for a new seed (copy i gets seed + i; EnvPool takes int32
-    seeds, so the seed is reduced modulo 2**31 - N). `state()` is None: EnvPool offers no state API,
+    seeds, so the seed is reduced modulo 2**31 - N; a reset with the seed the pool was made with
+    makes it again too, so a seed always gives the same starts). `state()` is None: EnvPool offers no state API,
     so a resumed run restarts its episodes."""
 
     def __init__(self, task_id: str, num_envs: int, device: str | torch.device = "cpu", *,
@@ -471,6 +473,7 @@ class EnvPoolAdapter(VectorEnvAdapter):
         self._make_pool = lambda seed: envpool.make_gymnasium(self.task_id, num_envs=num_envs, batch_size=num_envs,
                                                               seed=seed, **options)
         self._seed = 0
+        self._pool_used = False  # a pool that has been reset gives its seed's starts only once made again
         try:
             pool = self._make_pool(self._seed)
         except (TypeError, ValueError, AssertionError) as err:
@@ -483,11 +486,12 @@ class EnvPoolAdapter(VectorEnvAdapter):
 
     def reset(self, seed: int) -> Tensor:
         seed = int(seed) % (2**31 - self.num_envs)
-        if seed != self._seed:
+        if self._pool_used or seed != self._seed:
             self.envs.close()
             self.envs = self._make_pool(seed)
             self._seed = seed
-        return super().reset(None)  # EnvPool warns that reset(seed=...) is ignored
+        self._pool_used = True
+        return super().reset(None)  # not the seed: EnvPool warns that reset(seed=...) is ignored
 
 
 def _envpool_task(task_id: str, known: Sequence[str]) -> str:

@@ -9,7 +9,7 @@ The task, per copy:
   lag (`VELOCITY_KEPT` of it is kept each step), so the task has momentum but stays easy to control;
 - the point stays in the square [-1, 1]^2 (a wall stops the velocity across it);
 - reward: minus the distance to the target, plus `success_bonus` while within `SUCCESS_RADIUS`;
-- episodes end at `episode_length` steps (truncation), or on success when `terminate_on_success`.
+- episodes end at `max_episode_steps` steps (truncation), or on success when `terminate_on_success`.
 
 Observation groups (one copy's, `observation_space`):
 - `policy`, what the actor sees: position (2), velocity (2), target minus position (2);
@@ -46,7 +46,7 @@ ARENA = 1.0  # the point stays in [-ARENA, ARENA]^2
 TARGET_RANGE = 0.8  # targets lie in [-TARGET_RANGE, TARGET_RANGE]^2, away from the walls
 SUCCESS_RADIUS = 0.05
 SUCCESS_BONUS = 1.0
-EPISODE_LENGTH = 100  # 5 s: the farthest target is about 28 steps away at full speed
+MAX_EPISODE_STEPS = 100  # 5 s: the farthest target is about 28 steps away at full speed
 
 POLICY_DIM = 6
 CRITIC_DIM = 4
@@ -59,25 +59,25 @@ _STATE_TENSORS = ("position", "velocity", "target", "last_action", "steps")
 class PointReach:
     """`num_envs` copies of the reaching task on `device` (see the module docstring).
 
-    `episode_length`: steps before a time limit truncates an episode; `terminate_on_success`: end an
+    `max_episode_steps`: steps before a time limit truncates an episode; `terminate_on_success`: end an
     episode (terminated) as soon as the point is within `SUCCESS_RADIUS`; `success_bonus`: reward
     added at every step spent within it."""
 
     metadata: dict[str, Any] = {"info_metrics": ["distance"]}
 
-    def __init__(self, num_envs: int, device: str | torch.device = "cpu", episode_length: int = EPISODE_LENGTH,
+    def __init__(self, num_envs: int, device: str | torch.device = "cpu", max_episode_steps: int = MAX_EPISODE_STEPS,
                  terminate_on_success: bool = False, success_bonus: float = SUCCESS_BONUS):
         if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"PointReach: num_envs must be a positive integer, got {num_envs!r}")
-        if isinstance(episode_length, bool) or not isinstance(episode_length, int) or episode_length < 1:
+        if isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, int) or max_episode_steps < 1:
             raise ValueError(
-                f"PointReach: episode_length (env.kwargs) must be a positive integer, got {episode_length!r}"
+                f"PointReach: max_episode_steps (env.kwargs) must be a positive integer, got {max_episode_steps!r}"
             )
         if not np.isfinite(success_bonus):
             raise ValueError(f"PointReach: success_bonus (env.kwargs) must be a finite number, got {success_bonus!r}")
         self.num_envs = num_envs
         self.device = torch.device(device)
-        self.episode_length = episode_length
+        self.max_episode_steps = max_episode_steps
         self.terminate_on_success = bool(terminate_on_success)
         self.success_bonus = float(success_bonus)
 
@@ -129,7 +129,7 @@ class PointReach:
         terminated = success if self.terminate_on_success else self._no_termination
         # a copy that both succeeds and runs out of time at this step ends terminated, as a
         # gymnasium TimeLimit reports it: the bootstrap is cut either way
-        truncated = (self.steps >= self.episode_length) & ~terminated
+        truncated = (self.steps >= self.max_episode_steps) & ~terminated
         done = terminated | truncated
 
         final_obs = self._observe()
