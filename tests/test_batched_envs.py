@@ -157,22 +157,30 @@ def test_point_reach_refuses_bad_arguments(kwargs, message):
 # ---------------------------------------------------------------- torch source (Isaac Lab / mjlab shape)
 
 
-def test_torch_adapter_same_step_contract():
-    env = make_batched_env("torch", "aa_ray.envs.point_reach:PointReach", 16, "cpu", max_episode_steps=4, **GROUPS)
+# the groups in the env's own order (its observation's column ranges, handed on as one view) and
+# reversed (copied side by side): both are the layout's flat vector
+@pytest.mark.parametrize("order", [("policy", "critic"), ("critic", "policy")])
+def test_torch_adapter_same_step_contract(order):
+    def flat_in_order(groups: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.cat([groups[key] for key in order], dim=-1)
+
+    env = make_batched_env("torch", "aa_ray.envs.point_reach:PointReach", 16, "cpu", max_episode_steps=4,
+                           actor_obs=order[:1], critic_obs=order)
     raw = PointReach(16, max_episode_steps=4)  # the same task stepped alongside, to check what the adapter says
     assert isinstance(env, BatchedEnv)
     assert env.num_envs == 16 and env.device == torch.device("cpu") and env.act_dim == 2
-    assert (env.obs_dims.actor, env.obs_dims.full) == (6, 10) and env.obs_dims.actor_keys == ("policy",)
+    assert env.obs_dims.full == 10 and env.obs_dims.actor_keys == order[:1]
     assert torch.equal(env.action_low, -torch.ones(2)) and torch.equal(env.action_high, torch.ones(2))
     assert env.info_keys == ("is_success", "distance")
     obs = env.reset(seed=5)
-    assert torch.equal(obs, flat(raw.reset(seed=5)[0]))
+    assert torch.equal(obs, flat_in_order(raw.reset(seed=5)[0]))
     for t, action in enumerate(random_actions(4, 16), start=1):
         step = env.step(action)
         raw_obs, raw_reward, _, raw_truncated, extras = raw.step(action)
         assert isinstance(step, BatchedStep) and step.obs.dtype == torch.float32 and step.obs.shape == (16, 10)
         assert step.valid.all() and torch.equal(step.reward, raw_reward) and torch.equal(step.truncated, raw_truncated)
-        assert torch.equal(step.obs, flat(raw_obs)) and torch.equal(step.next_obs, flat(extras["final_obs"]))
+        assert torch.equal(step.obs, flat_in_order(raw_obs))
+        assert torch.equal(step.next_obs, flat_in_order(extras["final_obs"]))
         values, mask = step.episode_info["distance"]
         assert torch.equal(mask, step.truncated | step.terminated)
         assert torch.equal(values[mask], extras["final_info"]["distance"][mask])

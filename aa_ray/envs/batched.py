@@ -22,8 +22,11 @@ The contract, whatever the source:
   never used, and `next_obs` holds the reset observation there);
 - `episode_info`: the tracked info keys' values at each finished episode's last step;
 - `state()` is the env's whole state where it can give one (PointReach can), else None: a resume
-  then restarts episodes, and the checkpoint says so. Tensors returned are not written again by the
-  adapter, but `obs` and `next_obs` may be the same tensor: treat them as read-only.
+  then restarts episodes, and the checkpoint says so.
+- Tensors handed out are read-only: `obs` and `next_obs` may be the same tensor, or views of the
+  env's own observation tensors (no copy where its groups already lie side by side), so an env must
+  not write an observation it returned in place later (Isaac Lab's and PointReach's make new ones
+  each step).
 
 Sources (`make_batched_env(source, ...)`, the spec's `env.batched`):
 - `torch`: an object in the Isaac Lab / mjlab shape (`TorchBatchedAdapter`);
@@ -294,7 +297,10 @@ class TorchBatchedAdapter(_Adapter):
             if not isinstance(obs, Mapping):
                 raise ValueError(f"{self.label!r} returned {what} as a {type(obs).__name__}, but its observation "
                                  f"space is a Dict of {', '.join(self.layout.keys)}")
-            flat = torch.cat([obs[key].to(torch.float32) for key in self.layout.keys], dim=-1)
+            groups = [obs[key].to(torch.float32) for key in self.layout.keys]
+            flat = _side_by_side(groups)
+            if flat is None:
+                flat = torch.cat(groups, dim=-1)
         else:
             flat = obs.to(torch.float32)
         self._check_rows(what, flat.shape, self.obs_dims.full)
@@ -492,6 +498,25 @@ class EnvPoolAdapter(VectorEnvAdapter):
             self._seed = seed
         self._pool_used = True
         return super().reset(None)  # not the seed: EnvPool warns that reset(seed=...) is ignored
+
+
+def _side_by_side(groups: list[Tensor]) -> Tensor | None:
+    """The groups as one (N, features) view when they already lie side by side, in this order, in one
+    row-major tensor (PointReach's do: its groups are column ranges of one observation), else None:
+    the copy `torch.cat` would make is then not needed."""
+    first = groups[0]
+    if first.dim() != 2 or first.stride(1) != 1:
+        return None
+    rows, features = first.shape[0], sum(group.shape[-1] for group in groups)
+    if first.stride(0) != features:
+        return None
+    address, storage = first.data_ptr(), first.untyped_storage().data_ptr()
+    for group in groups:
+        if (group.dim() != 2 or group.shape[0] != rows or group.stride() != first.stride()
+                or group.data_ptr() != address or group.untyped_storage().data_ptr() != storage):
+            return None
+        address += group.shape[1] * group.element_size()
+    return first.as_strided((rows, features), (features, 1))
 
 
 def _envpool_task(task_id: str, known: Sequence[str]) -> str:

@@ -52,8 +52,10 @@ POLICY_DIM = 6
 CRITIC_DIM = 4
 ACT_DIM = 2
 
+# the columns of PointReach.state
+POSITION, TARGET, VELOCITY, LAST_ACTION = slice(0, 2), slice(2, 4), slice(4, 6), slice(6, 8)
 # what a checkpoint of the task holds, besides the generator's state
-_STATE_TENSORS = ("position", "velocity", "target", "last_action", "steps")
+_STATE_TENSORS = ("state", "steps")
 
 
 class PointReach:
@@ -95,18 +97,20 @@ class PointReach:
 
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(0)  # reset(seed) reseeds; without a seed the task is still deterministic
-        zeros = torch.zeros((num_envs, 2), device=self.device)
-        self.position, self.velocity, self.target, self.last_action = zeros, zeros, zeros, zeros
+        # every copy's state in one (N, 8) tensor, so a reset is one `where`: columns POSITION, TARGET,
+        # VELOCITY, LAST_ACTION. Each step makes a new one: nothing handed out is written again.
+        self.state = torch.zeros((num_envs, 8), device=self.device)
         self.steps = torch.zeros(num_envs, dtype=torch.int64, device=self.device)
         self._no_termination = torch.zeros(num_envs, dtype=torch.bool, device=self.device)
+        # a start is uniform in [-ARENA, ARENA]^2 (position) and [-TARGET_RANGE, TARGET_RANGE]^2 (target)
+        self._start_scale = torch.tensor([2 * ARENA] * 2 + [2 * TARGET_RANGE] * 2, device=self.device)
+        self._start_offset = torch.tensor([-ARENA] * 2 + [-TARGET_RANGE] * 2, device=self.device)
 
     def reset(self, seed: int | None = None) -> tuple[dict[str, Tensor], dict[str, Any]]:
         """Start a new episode in every copy (from `seed`'s stream when given); (obs groups, extras)."""
         if seed is not None:
             self.generator.manual_seed(seed)
-        self.position, self.target = self._draw_starts()
-        self.velocity = torch.zeros_like(self.position)
-        self.last_action = torch.zeros_like(self.position)
+        self.state = self._draw_starts()
         self.steps = torch.zeros_like(self.steps)
         return self._observe(), {}
 
@@ -115,15 +119,15 @@ class PointReach:
         """Apply (N, 2) actions to every copy; the copies whose episode ended are reset before this
         returns (their last observation and info are in `extras`, see the module docstring)."""
         actions = actions.to(device=self.device, dtype=torch.float32).clamp(-1.0, 1.0)
-        velocity = VELOCITY_KEPT * self.velocity + ((1.0 - VELOCITY_KEPT) * MAX_SPEED) * actions
-        moved = self.position + DT * velocity
+        position, target, velocity = self.state[:, POSITION], self.state[:, TARGET], self.state[:, VELOCITY]
+        velocity = VELOCITY_KEPT * velocity + ((1.0 - VELOCITY_KEPT) * MAX_SPEED) * actions
+        moved = position + DT * velocity
         position = moved.clamp(-ARENA, ARENA)
-        self.velocity = torch.where(position == moved, velocity, 0.0)  # a wall stops the motion across it
-        self.position = position
-        self.last_action = actions
+        velocity = velocity * (position == moved)  # a wall stops the motion across it
+        self.state = torch.cat([position, target, velocity, actions], dim=-1)
         self.steps = self.steps + 1
 
-        distance = torch.linalg.vector_norm(self.target - position, dim=-1)
+        distance = torch.linalg.vector_norm(target - position, dim=-1)
         success = distance < SUCCESS_RADIUS
         reward = self.success_bonus * success - distance
         terminated = success if self.terminate_on_success else self._no_termination
@@ -134,7 +138,10 @@ class PointReach:
 
         final_obs = self._observe()
         extras = {"final_obs": final_obs, "final_info": {"distance": distance, "is_success": success}}
-        self._reset_where(done)
+        # every copy's start is drawn and kept where done: no host read of `done`, and a random stream
+        # that does not depend on which episodes ended
+        self.state = torch.where(done.unsqueeze(-1), self._draw_starts(), self.state)
+        self.steps = torch.where(done, 0, self.steps)
         return self._observe(), reward, terminated, truncated, extras
 
     def state_dict(self) -> dict[str, Any]:
@@ -159,26 +166,15 @@ class PointReach:
     def close(self) -> None:
         """Nothing to release: the task is tensors only."""
 
-    def _draw_starts(self) -> tuple[Tensor, Tensor]:
-        """A fresh start position and target for every copy, one draw from the generator."""
+    def _draw_starts(self) -> Tensor:
+        """A fresh state for every copy (random position and target, at rest), one draw from the generator."""
         uniform = torch.rand((self.num_envs, 4), generator=self.generator, device=self.device)
-        position = (2.0 * uniform[:, :2] - 1.0) * ARENA
-        target = (2.0 * uniform[:, 2:] - 1.0) * TARGET_RANGE
-        return position, target
-
-    def _reset_where(self, done: Tensor) -> None:
-        # every copy's start is drawn and kept where done: no host read of `done`, a stream that does
-        # not depend on which episodes ended
-        position, target = self._draw_starts()
-        ended = done.unsqueeze(-1)
-        self.position = torch.where(ended, position, self.position)
-        self.target = torch.where(ended, target, self.target)
-        self.velocity = torch.where(ended, 0.0, self.velocity)
-        self.last_action = torch.where(ended, 0.0, self.last_action)
-        self.steps = torch.where(done, 0, self.steps)
+        return torch.nn.functional.pad(uniform * self._start_scale + self._start_offset, (0, 4))
 
     def _observe(self) -> dict[str, Tensor]:
-        return {
-            "policy": torch.cat([self.position, self.velocity, self.target - self.position], dim=-1),
-            "critic": torch.cat([self.target, self.last_action], dim=-1),
-        }
+        state = self.state
+        # one new tensor whose column ranges are the groups (views): policy = position, velocity,
+        # target - position; critic = target, last action
+        full = torch.cat([state[:, POSITION], state[:, VELOCITY], state[:, TARGET] - state[:, POSITION],
+                          state[:, TARGET], state[:, LAST_ACTION]], dim=-1)
+        return {"policy": full[:, :POLICY_DIM], "critic": full[:, POLICY_DIM:]}
