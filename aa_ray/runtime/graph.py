@@ -42,6 +42,7 @@ from aa_ray.nets.policy import ObsDims
 from aa_ray.records import ChunkStats, LearnerReport, NormMoments, return_moments
 from aa_ray.runtime.checkpoint import REPLAY_FILE
 from aa_ray.runtime.cluster import NodeLoss, RayActors
+from aa_ray.runtime.device_learner import DeviceLearner
 from aa_ray.runtime.inline import InlineActors
 from aa_ray.runtime.learner import Learner
 from aa_ray.runtime.metrics import run_tag
@@ -100,19 +101,23 @@ class ActorGraph:
         spec = self.spec
         if not self.learning:
             self.runners = [self._make_runner(index) for index in range(spec.runners.num_runners)]
-            self._check_runner_envs()
+            self._check_envs(self.runners, "env runner")
             return
+        device_mode = spec.runtime.mode == "device"  # each learner steps its own envs into its own ring
         self.learners = [
             self.actors.start(
-                Learner, spec, self.obs, self.act_dim, rank,
+                DeviceLearner if device_mode else Learner, spec, self.obs, self.act_dim, rank,
                 bundle=rank, num_cpus=spec.learners.cpus_per_learner, num_gpus=spec.learners.gpus_per_learner,
                 torch_threads=spec.learners.torch_threads,
             )
             for rank in range(spec.learners.num_learners)
         ]
-        self.runners = [self._make_runner(index) for index in range(spec.runners.num_runners)]
-        self._check_runner_envs()
-        if spec.algo.replay_actor:
+        if device_mode:
+            self._check_envs(self.learners, "device learner")
+        else:
+            self.runners = [self._make_runner(index) for index in range(spec.runners.num_runners)]
+            self._check_envs(self.runners, "env runner")
+        if spec.algo.replay_actor and not device_mode:
             self.replay = self.actors.start(
                 ReplayBuffer, spec.algo.buffer_size, self.obs.full, self.act_dim, seed=spec.seed, run=run_tag(spec),
                 obs_groups=self.obs.groups,
@@ -128,14 +133,14 @@ class ActorGraph:
                 self.replay.load_prior.remote(str(self.prior_path), algo.prior_data_ratio, algo.gamma, spec.env.id)
             )
 
-    def _check_runner_envs(self) -> None:
-        """Each runner made the env, and the same one the driver did: a worker without the user's env
-        package (or with another version of it) fails here, naming the runner's own error, before
-        any training (ActorStartFailed is never retried)."""
-        for index, dims in enumerate(get_results([runner.env_dims.remote() for runner in self.runners])):
+    def _check_envs(self, actors: list[Any], what: str) -> None:
+        """Each actor that steps envs made the env, and the same one the driver did: a worker without
+        the user's env package (or with another version of it) fails here, naming the actor's own
+        error, before any training (ActorStartFailed is never retried)."""
+        for index, dims in enumerate(get_results([actor.env_dims.remote() for actor in actors])):
             if tuple(dims) != (self.obs, self.act_dim):
                 raise TrainingError(
-                    f"env runner {index} made {self.spec.env.id} with observations {dims[0]} and {dims[1]} actions, "
+                    f"{what} {index} made {self.spec.env.id} with observations {dims[0]} and {dims[1]} actions, "
                     f"but the driver made it with {self.obs} and {self.act_dim}: the workers have another version of "
                     "the env's code; ship it with env.py_modules (or ray job submit --working-dir)"
                 )
@@ -233,6 +238,11 @@ class ActorGraph:
         """The actors' part of a checkpoint: learner 0's state, the replay buffer's state (and its
         rows as a table, if asked), every runner's state."""
         learner_ref = self.learners[0].state_dict.remote()
+        if self.spec.runtime.mode == "device":  # each learner's envs and replay ring are its "runner"
+            with_ring = self.spec.checkpoint.save_replay
+            runner_refs = [learner.runner_state.remote(with_ring) for learner in self.learners]
+            return {"learner": get_results(learner_ref), "replay": {}, "replay_table": None,
+                    "runners": get_results(runner_refs)}
         replay_refs = []
         if self.replay is not None:
             replay_refs = [self.replay.state.remote()]
@@ -256,7 +266,12 @@ class ActorGraph:
                                                    for r in payload.get("runner_rng", [])]  # format 1
         for runner, state in zip(self.runners, runner_states, strict=False):
             calls.append(runner.load_state.remote(state))
+        if self.spec.runtime.mode == "device":
+            calls += [learner.load_runner_state.remote(state)
+                      for learner, state in zip(self.learners, runner_states, strict=False)]
         get_results(calls)
+        if self.spec.runtime.mode == "device":
+            self.replay_size = sum(get_results([learner.replay_size.remote() for learner in self.learners]))
 
     def queue_prior_stats(self) -> None:
         """Seed the normalizer with the RLPD dataset's observations (a fresh start; a restored
@@ -315,7 +330,10 @@ class ActorGraph:
             raise LearnerFailed(f"a learner failed, so the run stopped ({err})") from None
 
     def evaluate(self, episodes: int) -> dict[str, float]:
-        """Runner 0 evaluates the newest weights (its replacement does, when it died doing so)."""
+        """Runner 0 evaluates the newest weights (its replacement does, when it died doing so); in
+        `runtime.mode: device`, learner 0 on envs of its own."""
+        if self.spec.runtime.mode == "device":
+            return get_results(self.learners[0].evaluate.remote(episodes))
         self.runners[0].set_weights.remote(*self.weights)  # async: it may still act with older weights
         try:
             return get_results(self.runners[0].evaluate.remote(episodes))
@@ -324,4 +342,6 @@ class ActorGraph:
             return get_results(self.runners[0].evaluate.remote(episodes))
 
     def record_video(self, max_frames: int) -> tuple[bytes | None, str | None]:
+        if not self.runners:
+            return None, "eval video skipped: runtime.mode device renders no frames; set eval.video: false"
         return get_results(self.runners[0].record_video.remote(max_frames))

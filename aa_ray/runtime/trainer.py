@@ -56,6 +56,7 @@ from aa_ray.runtime import cluster
 from aa_ray.runtime.cadence import BUDGET, PREEMPTED, STOPPED_BY_CALLBACK
 from aa_ray.runtime.checkpoint import saved_replay_rows, verify_resume
 from aa_ray.runtime.counters import Counters
+from aa_ray.runtime.device_loop import DeviceLoop
 from aa_ray.runtime.driver_state import DriverState
 from aa_ray.runtime.families import family_of
 from aa_ray.runtime.graph import ActorGraph
@@ -214,7 +215,8 @@ class Trainer:
         the actor graph back to the last checkpoint, and the loop starts again from there."""
         while self.counters.env_steps < self.spec.budget.env_steps:
             try:
-                loop = make_loop(self.spec, self.graph, self.counters.env_steps)
+                make = DeviceLoop if self.spec.runtime.mode == "device" else make_loop
+                loop = make(self.spec, self.graph, self.counters.env_steps)
                 while (stop_reason := self._end_of_iteration(loop.step())) is None:
                     pass
                 return stop_reason

@@ -607,7 +607,8 @@ class ExperimentSpec(SpecModel):
         """Placement-group bundles: the learners, then the runners; the runners alone when the run does
         not learn (a rollout). The replay actor (if the algorithm's family has one) shares learner 0's
         bundle, and so its node: every learner iteration's sample (45 MB at batch 8192) then reaches
-        the learner through shared memory instead of over the network."""
+        the learner through shared memory instead of over the network. In `runtime.mode: device` each
+        learner's process steps its own envs and keeps its own replay ring: the learners' bundles alone."""
         runners = [{"CPU": self.runners.cpus_per_runner}] * self.runners.num_runners
         if not learning:
             return runners
@@ -615,6 +616,8 @@ class ExperimentSpec(SpecModel):
         for learner in learners:
             if self.learners.gpus_per_learner > 0:
                 learner["GPU"] = self.learners.gpus_per_learner
+        if self.runtime.mode == "device":
+            return learners
         if self.algo.replay_actor:
             learners[0]["CPU"] += self.runtime.replay_cpus
         return learners + runners
