@@ -220,7 +220,7 @@ class DeviceLearner:
             "num_envs": self.num_envs,
             "env": _to_cpu(env_state),
             "episodes_restart": env_state is None,
-            "obs": self.obs.cpu(),
+            "obs": self.obs.to("cpu", copy=True),
             "episodes": self.episodes.state(),
             "generators": {name: generator.get_state() for name, generator in self._generators().items()},
             "replay": self.replay.state_dict() if with_replay else None,
@@ -242,7 +242,7 @@ class DeviceLearner:
             self.replay.cut()  # no n-step window reaches from the old episodes into the new ones
             return
         self.envs.load_state(state["env"])
-        self.obs = state["obs"].to(self.device)
+        self.obs = state["obs"].to(self.device, copy=True)
         self.episodes.load_state(state["episodes"])
 
     def _generators(self) -> dict[str, torch.Generator]:
@@ -341,12 +341,11 @@ class EpisodeCounters:
         return episodes
 
     def state(self) -> dict[str, Tensor]:
-        return {"returns": self.returns.cpu(), "lengths": self.lengths.cpu(), "discounted": self.discounted.cpu()}
+        return {name: getattr(self, name).to("cpu", copy=True) for name in ("returns", "lengths", "discounted")}
 
     def load_state(self, state: dict[str, Tensor]) -> None:
-        self.returns = state["returns"].to(self.device, torch.float64)
-        self.lengths = state["lengths"].to(self.device, torch.float64)
-        self.discounted = state["discounted"].to(self.device, torch.float64)
+        for name in ("returns", "lengths", "discounted"):  # copies: the counters are added to in place
+            setattr(self, name, state[name].to(self.device, torch.float64, copy=True))
 
 
 class MomentSums:
@@ -447,8 +446,9 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
 
 
 def _to_cpu(tree: Any) -> Any:
+    """CPU copies (also of CPU tensors: the env goes on changing after a checkpoint is taken)."""
     if isinstance(tree, Tensor):
-        return tree.detach().cpu()
+        return tree.detach().to("cpu", copy=True)
     if isinstance(tree, dict):
         return {key: _to_cpu(value) for key, value in tree.items()}
     if isinstance(tree, list | tuple):

@@ -150,7 +150,8 @@ class DeviceReplay:
     # ---- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The ring (CPU tensors) and where it stands; `load_state_dict` of it samples the same rows."""
-        state: dict[str, Any] = {name: getattr(self, name).cpu() for name in _RING_FIELDS}
+        # copies, also on the CPU: the ring goes on changing after the checkpoint is taken
+        state: dict[str, Any] = {name: getattr(self, name).to("cpu", copy=True) for name in _RING_FIELDS}
         state.update(cursor=self.cursor, slices=self.slices, steps_added=self.steps_added,
                      n_step=self.n_step, gamma=self.gamma)
         return state
