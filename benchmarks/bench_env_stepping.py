@@ -167,16 +167,17 @@ def aa_ray_env_runner(envs: int, random_actions: bool) -> Collector:
     return Collector(lambda vector_steps: runner.sample(vector_steps, random_actions)[1].env_steps, runner.close)
 
 
-def batched_runner(envs: int, random_actions: bool) -> Collector:
-    """The batched runner kind on EnvPool (issue 35): `BatchedRunner(spec, index).sample(n, random_actions)`,
-    as `EnvRunner`'s. NotAvailable until aa_ray/runtime/batched_runner.py exists in the checkout."""
+def batched_runner(envs: int, random_actions: bool, threads: int) -> Collector:
+    """The batched runner kind on EnvPool (issue 35, `env.batched: envpool`, EnvPool's `num_threads` from
+    env.kwargs): `BatchedRunner(spec, index).sample(n, random_actions)`, as `EnvRunner`'s. NotAvailable
+    where aa_ray/runtime/batched_runner.py is not in the checkout or does not build."""
     where = BATCHED_RUNNER_FILE.relative_to(REPO)
     if not BATCHED_RUNNER_FILE.exists():
         raise NotAvailable(f"{where} is not in this checkout ({git_state()})")
     try:
         from aa_ray.runtime.batched_runner import BatchedRunner
 
-        runner = BatchedRunner(runner_spec(envs, ["env.batched=envpool"]), index=0)
+        runner = BatchedRunner(runner_spec(envs, ["env.batched=envpool", f"env.kwargs.num_threads={threads}"]), index=0)
     except Exception as err:  # a runner kind still being written: record why it did not build, measure the rest
         raise NotAvailable(f"{where} is there but did not build ({git_state()}): {type(err).__name__}: {err}") from err
     close = getattr(runner, "close", lambda: None)
@@ -235,13 +236,15 @@ RAW_CONTENDERS: dict[str, Callable[[int], Collector]] = {
     "SB3 DummyVecEnv": sb3_dummy_vec_env,
     "aa-ray EnvRunner, random actions": partial(aa_ray_env_runner, random_actions=True),
     "RLlib SingleAgentEnvRunner, random actions": partial(rllib_env_runner, random_actions=True),
-    "aa-ray BatchedRunner (EnvPool), random actions": partial(batched_runner, random_actions=True),
+    "aa-ray BatchedRunner (EnvPool 1 thread), random actions": partial(batched_runner, random_actions=True, threads=1),
+    "aa-ray BatchedRunner (EnvPool 2 threads), random actions": partial(batched_runner, random_actions=True, threads=2),
 }
 POLICY_CONTENDERS: dict[str, Callable[[int], Collector]] = {
     POLICY_BASELINE: partial(aa_ray_env_runner, random_actions=False),
     "SB3 SAC collect_rollouts (DummyVecEnv)": sb3_sac_collection,
     "RLlib SingleAgentEnvRunner, SAC module": partial(rllib_env_runner, random_actions=False),
-    "aa-ray BatchedRunner (EnvPool)": partial(batched_runner, random_actions=False),
+    "aa-ray BatchedRunner (EnvPool 1 thread)": partial(batched_runner, random_actions=False, threads=1),
+    "aa-ray BatchedRunner (EnvPool 2 threads)": partial(batched_runner, random_actions=False, threads=2),
 }
 PARTS = {"raw": (RAW_CONTENDERS, RAW_BASELINE), "policy": (POLICY_CONTENDERS, POLICY_BASELINE)}
 
