@@ -127,3 +127,19 @@ def _tensors(tree: object) -> list[torch.Tensor]:
     if isinstance(tree, list | tuple):
         return [t for item in tree for t in _tensors(item)]
     return []
+
+
+@pytest.mark.learning
+def test_sac_learns_point_reach_through_the_batched_runner() -> None:
+    """64 copies stepped in one call: the final distance to the target falls from about 1.1 (a random
+    policy's) under 0.15 within 48k env steps (seeds 0-2 reached it at 25k-37k, in 14-24 s)."""
+    from learning_runs import train
+
+    result = train(
+        "sac_point_reach.yaml", "runners.envs_per_runner=64", "algo.actor_hidden_dims=[64,64]",
+        "algo.critic_hidden_dims=[64,64]", "algo.batch_size=256", "algo.train_every=2", "algo.utd_ratio=8",
+        "algo.warm_up_steps=1024", "budget.env_steps=48000", "eval.every_env_steps=4096", "eval.episodes=32",
+        "budget.stop_at={metric: eval/distance, below: 0.15}",
+    )
+    distances = [evaluation["eval/distance"] for evaluation in result["evals"]]
+    assert distances[0] > 0.5 and min(distances) < 0.15, distances
