@@ -144,7 +144,7 @@ def _made(spec: ExperimentSpec, make: Callable[[], Any], show_model_warnings: bo
         prepare(spec.env)  # a Ray worker imports the spec's modules here, the first time it makes the env
         with model_warnings_once(show_model_warnings):
             return make()
-    except EnvSourceError as err:
+    except (EnvSourceError, BatchedEnvError) as err:  # the spec names something unusable: its own words
         raise EnvSetupError(str(err)) from err
     except (Exception, SystemExit) as err:  # gymnasium raises whatever the env constructor raises (or exits)
         # the message is for the user; the cause keeps the constructor's traceback for a developer
