@@ -143,3 +143,20 @@ def test_sac_learns_point_reach_through_the_batched_runner() -> None:
     )
     distances = [evaluation["eval/distance"] for evaluation in result["evals"]]
     assert distances[0] > 0.5 and min(distances) < 0.15, distances
+
+
+def test_envpool_halfcheetah_through_the_batched_runner() -> None:
+    """EnvPool resets a finished copy on the next call: that row is no transition and is not stored."""
+    pytest.importorskip("envpool", reason="EnvPool is an optional extra: pip install -e '.[envpool]'")
+    spec = load_spec(SPEC.parent / "sac.yaml", [
+        "env.id=HalfCheetah-v5", "env.batched=envpool", "env.max_episode_steps=5", "runners.envs_per_runner=4",
+        "algo.actor_hidden_dims=[16]", "algo.critic_hidden_dims=[16]",
+    ])
+    runner = runner_class(spec)(spec, index=0)
+    assert runner.env_dims() == ((17, 17, ()), 6)
+    transitions, stats = runner.sample(12, random_actions=False)
+    # 12 calls of 5-step episodes: the 6th and 12th call of each copy are resets, not stored
+    assert stats.env_steps == transitions.rows == 4 * 10
+    assert transitions.truncated.sum() == 4 * 2 and len(stats.episodes) == 8
+    assert all(episode.length == 5 for episode in stats.episodes)
+    assert runner.state()["env_restarts"] is True  # EnvPool gives no state: a resume starts episodes afresh
