@@ -68,9 +68,12 @@ def step_of(reward: list[float], terminated: list[bool], truncated: list[bool], 
                        valid=torch.tensor(valid if valid is not None else [True] * envs))
 
 
-def drawn(replay: DeviceReplay, rows: int = 4000) -> dict[int, tuple[float, float, float, float]]:
+def drawn(replay: DeviceReplay, rows: int = 4500) -> dict[int, tuple[float, float, float, float]]:
     """Every distinct row a large sample drew: obs id -> (return, next_obs id, terminated, discount)."""
     batch = replay.sample(1, rows, torch.Generator().manual_seed(0))
+    _, times = batch.obs.unique(return_counts=True)
+    expected = rows / len(times)  # uniform over the drawable rows: each within 5 standard deviations
+    assert (times - expected).abs().max() < 5 * expected**0.5, times
     out = {}
     for obs, reward, next_obs, terminated, discount in zip(
             batch.obs[0, :, 0].tolist(), batch.reward[0].tolist(), batch.next_obs[0, :, 0].tolist(),
@@ -190,7 +193,7 @@ def _to_cpu(args: tuple, kwargs: dict) -> bool:
     return any(isinstance(target, str) and target.startswith("cpu") for target in [*args[1:], kwargs.get("device")])
 
 
-@pytest.mark.parametrize("algo", ["sac", "td3"])
+@pytest.mark.parametrize("algo", ["sac", "td3", "fast_td3", "fast_sac"])
 def test_an_iteration_copies_no_rows_to_the_host_and_reads_it_once(algo: str) -> None:
     learner = device_learner(algo__name=algo)
     counts = []
@@ -274,6 +277,13 @@ def test_a_checkpoint_of_another_env_count_is_refused_naming_the_field() -> None
     state = device_learner().runner_state(with_replay=False)
     with pytest.raises(SpecError, match="runners.envs_per_runner"):
         device_learner(runners__envs_per_runner=ENVS + 1).load_runner_state(state)
+
+
+def test_an_env_whose_dims_differ_from_the_drivers_is_refused() -> None:
+    spec = validate_spec(raw_spec())
+    obs, act_dim = env_dims(spec)
+    with pytest.raises(SpecError, match="same version of the env's code"):
+        DeviceLearner(spec, obs._replace(full=obs.full + 1), act_dim)
 
 
 # ---- the loop ---------------------------------------------------------------------------------------
