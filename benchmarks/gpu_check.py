@@ -3,7 +3,7 @@ in one command that finishes within 8 minutes and writes its results as it goes.
 
     python benchmarks/gpu_check.py --install-wheels gpu_wheels --out $OUT/gpu_check.json
 
-Parts (`--part timings|train|all`, each runnable alone):
+Parts (`--part timings|train|batched|all`, each runnable alone):
 
 (a) timings: learner updates/s of `sac` (256x256 MLPs, `specs/sac.yaml`) and `sac_simba` at the
     SimbaV2 paper's sizes (critic 512 x 2 blocks, actor 128 x 1) for every batch size x
@@ -20,6 +20,11 @@ Parts (`--part timings|train|all`, each runnable alone):
     `tracking.enabled=false` and the learner on the GPU, stopped at a wall-clock deadline (and by a
     `budget.env_steps` sized from a quick rate estimate, should the deadline not be seen): env
     steps/s, critic updates/s and the last eval return.
+
+(c) batched: the device path (`runtime.mode: device`) at the FastTD3 recipe's settings: 4096
+    PointReach copies on the GPU (`envs/point_reach.py`), `fast_td3` at its paper's widths, batch
+    8192: env steps/s of the simulator alone, of collection (acting and the replay ring, no
+    learning) and of whole iterations, and the learner's busy share of them.
 
 `--dry-run` runs the same code on the CPU at tiny sizes (a test runs it); `--install-wheels DIR`
 first installs the wheels `scripts/fetch_gpu_wheels.sh` downloaded (offline) into this interpreter.
@@ -191,9 +196,9 @@ def markdown(payload: dict[str, Any]) -> str:
             note = f" ({r['compile_note']})" if r.get("compile_note") else ""
             cells += [_cell(r, key, spec) for key, spec in NUMBER_COLUMNS] + [r["status"] + note]
             lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    train = payload.get("train")
-    if train:
-        lines += ["", "training slice: " + ", ".join(f"{k} {v}" for k, v in train.items() if k != "overrides")]
+    for part, title in (("train", "training slice"), ("batched", "batched device path")):
+        if payload.get(part):
+            lines += ["", f"{title}: " + ", ".join(f"{k} {v}" for k, v in payload[part].items() if k != "overrides")]
     return "\n".join(lines) + "\n"
 
 
@@ -611,6 +616,77 @@ def run_train(args: argparse.Namespace, clock: Clock, results: Results, deadline
     clock.log("train: " + ", ".join(f"{k} {v}" for k, v in summary.items() if k != "overrides"))
 
 
+# ---- (c) the batched device path ----------------------------------------------------------------------------
+def batched_overrides(args: argparse.Namespace) -> list[str]:
+    """`specs/sac_point_reach.yaml` as the FastTD3 recipe on the device path: `fast_td3` at its paper's
+    network sizes, `--batched-envs` copies of PointReach on the GPU, batch `--batched-batch`."""
+    dry = args.dry_run
+    nets = (["algo.actor_hidden_dims=[16]", "algo.critic_hidden_dims=[16]"] if dry else
+            ["algo.actor_hidden_dims=[512, 256, 128]", "algo.critic_hidden_dims=[1024, 512, 256]"])
+    return [
+        "algo.name=fast_td3", *nets, f"algo.batch_size={args.batched_batch}", "algo.utd_ratio=2",
+        "algo.train_every=1", "algo.warm_up_steps=0", "algo.n_step=3", "algo.gamma=0.97",
+        f"runners.envs_per_runner={args.batched_envs}", "runtime.mode=device", "runtime.backend=inline",
+        f"env.device={'cpu' if dry else 'cuda'}", f"learners.gpus_per_learner={0 if dry else 1}",
+        "tracking.enabled=false", "budget.stop_at=null", "budget.env_steps=100000000",
+    ]
+
+
+def run_batched(args: argparse.Namespace, clock: Clock, results: Results, deadline_s: float) -> None:
+    """Env steps/s of PointReach's copies on the device: the simulator alone, collection through the
+    device learner (acting, the ring, no learning), and whole iterations at the FastTD3 recipe's
+    settings, with the learner's busy share (its update seconds over the iteration's)."""
+    import torch
+
+    from aa_ray import metric_names as m
+    from aa_ray.envs.make import env_dims
+    from aa_ray.envs.point_reach import PointReach
+    from aa_ray.runtime.device_learner import DeviceLearner
+    from aa_ray.spec.loader import load_spec
+
+    summary: dict[str, Any] = {"status": "starting", "envs": args.batched_envs, "batch": args.batched_batch}
+    results.payload["batched"] = summary
+    spec = load_spec(SPECS / "sac_point_reach.yaml", batched_overrides(args))
+    summary["overrides"] = batched_overrides(args)
+    device = torch.device(spec.env.device)
+    slice_s = max(1.0, min(args.batched_s, (deadline_s - clock.elapsed()) / 4))
+
+    def rate(step: Callable[[], int]) -> float:
+        step()  # warm-up: allocations, the first kernels
+        synchronize(device)
+        start, done = time.perf_counter(), 0
+        while time.perf_counter() - start < slice_s:
+            done += step()
+        synchronize(device)
+        return done / (time.perf_counter() - start)
+
+    env = PointReach(args.batched_envs, device=device)
+    env.reset(seed=0)
+    generator = torch.Generator(device).manual_seed(0)
+    actions = lambda: torch.rand((args.batched_envs, 2), generator=generator, device=device) * 2 - 1  # noqa: E731
+    summary["simulator_env_steps_per_s"] = round(rate(lambda: env.step(actions()) and args.batched_envs), 1)
+    obs, act_dim = env_dims(spec)
+    learner = DeviceLearner(spec, obs, act_dim)
+    learner.iterate(1, random_actions=True, learn=False)  # the ring holds a step to learn from
+    summary["collect_env_steps_per_s"] = round(
+        rate(lambda: learner.iterate(1, random_actions=False, learn=False)[0].env_steps), 1)
+    clock.log(f"batched: collection {summary['collect_env_steps_per_s']:,.0f} env steps/s, simulator alone "
+              f"{summary['simulator_env_steps_per_s']:,.0f}")
+    update_s: list[float] = []
+
+    def learn_step() -> int:
+        stats, report = learner.iterate(1, random_actions=False, learn=True)
+        update_s.append(report.metrics[m.LEARNER_UPDATE_TIME_S])
+        return stats.env_steps
+
+    start = time.perf_counter()
+    summary["learn_env_steps_per_s"] = round(rate(learn_step), 1)
+    wall = time.perf_counter() - start
+    summary["learner_busy_share"] = round(sum(update_s[1:]) / max(wall - (update_s[0] if update_s else 0), 1e-9), 3)
+    summary["status"] = "ok"
+    clock.log("batched: " + ", ".join(f"{k} {v}" for k, v in summary.items() if k != "overrides"))
+
+
 # ---- the command ----------------------------------------------------------------------------------------------
 def default_out() -> Path:
     out = os.environ.get("OUT")
@@ -623,7 +699,7 @@ def csv(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=["timings", "train", "all"], default="all")
+    parser.add_argument("--part", choices=["timings", "train", "batched", "all"], default="all")
     parser.add_argument("--out", type=Path, default=None, help="the JSON result (a .md is written next to it)")
     parser.add_argument("--dry-run", action="store_true", help="the same code on the CPU at tiny sizes")
     parser.add_argument("--install-wheels", type=Path, default=None, metavar="DIR",
@@ -647,6 +723,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--envs-per-runner", type=int, default=16)
     parser.add_argument("--train-compile", choices=["off", "on", "auto"], default="off")
     parser.add_argument("--train-precision", choices=["fp32", "bf16", "fp16"], default="fp32")
+    parser.add_argument("--batched-envs", type=int, default=None, help="PointReach copies (default 4096)")
+    parser.add_argument("--batched-batch", type=int, default=None, help="the batched part's batch (default 8192)")
+    parser.add_argument("--batched-s", type=float, default=None, help="seconds per batched cell (default 10)")
     parser.add_argument("--child-config", default=None, help=argparse.SUPPRESS)  # one compiled config (internal)
     parser.add_argument("--train-set", action="append", default=[], metavar="KEY=VALUE",
                         help="extra spec override for the training slice (repeatable)")
@@ -657,7 +736,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                 # a cold compile takes minutes on a small CPU: the dry run checks the path and the cap
                 "compile_cap_s": 4.0 if dry else 75.0,
                 "min_compile_s": 2.0 if dry else 20.0, "compile_in_child": not dry,
-                "train_s": 20.0 if dry else 165.0}
+                "train_s": 20.0 if dry else 165.0,
+                "batched_envs": 64 if dry else 4096, "batched_batch": 64 if dry else 8192,
+                "batched_s": 1.0 if dry else 10.0}
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -695,10 +776,14 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"results to {args.out}")
     results.write()
     # the training slice keeps its time: the timings stop starting configs in time to leave it
+    batched_reserve = 4 * args.batched_s + (5.0 if args.dry_run else 30.0) if args.part == "all" else 0.0
     train_reserve = args.train_s + (10.0 if args.dry_run else 30.0) if args.part == "all" else 0.0
     failures = []
-    for part, run in (("timings", lambda: run_timings(args, clock, results, args.total_s - train_reserve)),
-                      ("train", lambda: run_train(args, clock, results, args.total_s))):
+    for part, run in (
+        ("timings", lambda: run_timings(args, clock, results, args.total_s - train_reserve - batched_reserve)),
+        ("train", lambda: run_train(args, clock, results, args.total_s - batched_reserve)),
+        ("batched", lambda: run_batched(args, clock, results, args.total_s)),
+    ):
         if args.part not in (part, "all"):
             continue
         try:
@@ -709,7 +794,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             clock.log(failures[-1])
     payload["failures"] = failures
     # a row cut short by the deadline or the compile cap is a result (the table says so), not a failure
-    statuses = [row["status"] for row in payload.get("timings", [])] + [payload.get("train", {}).get("status", "ok")]
+    statuses = [row["status"] for row in payload.get("timings", [])]
+    statuses += [payload.get(part, {}).get("status", "ok") for part in ("train", "batched")]
     broken = [s for s in [*statuses, *failures] if s.startswith(("failed", "compile failed", "timings", "train"))]
     payload["status"] = "ok" if not broken else "some parts failed"
     payload["elapsed_s"] = clock.elapsed()

@@ -74,3 +74,13 @@ def test_train_dry_run_trains_inline_until_the_deadline(tmp_path: Path) -> None:
     assert 64 < train["env_steps"] < 1_000_000 and train["env_steps_per_s"] > 0  # past the 64-step warm-up
     assert train["critic_updates"] > 0 and train["learning_env_steps_per_s"] > 0
     assert math.isfinite(train["last_eval_return"]) and train["last_eval_at_env_steps"] == train["env_steps"]
+
+
+def test_batched_dry_run_measures_the_device_path(tmp_path: Path) -> None:
+    result = run_check(tmp_path, "--part", "batched")
+    batched = result["batched"]
+    assert result["status"] == "ok" and batched["status"] == "ok", batched
+    assert "algo.name=fast_td3" in batched["overrides"] and "runtime.mode=device" in batched["overrides"]
+    rates = [batched[key] for key in ("simulator_env_steps_per_s", "collect_env_steps_per_s", "learn_env_steps_per_s")]
+    assert all(rate > 0 for rate in rates) and rates[0] > rates[1] > rates[2], rates  # each adds work to the last
+    assert 0 < batched["learner_busy_share"] <= 1
