@@ -68,8 +68,8 @@ class Bookkeeping:
             largest_value=self.largest_value,
         )
 
-    def policy_state(self) -> dict[str, Tensor]:
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.policy.state_dict().items()}
+    def policy_state(self, device: torch.device | str = "cpu") -> dict[str, Tensor]:
+        return {k: v.detach().to(device, copy=True) for k, v in self.policy.state_dict().items()}
 
     def state_dict(self) -> dict[str, Any]:
         return save_parts(self.parts())

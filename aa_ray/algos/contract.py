@@ -73,8 +73,9 @@ class Algorithm(Protocol):
 
     def health(self) -> Health: ...
 
-    def policy_state(self) -> dict[str, Tensor]:
-        """The acting policy's weights (CPU tensors), what `make_policy` builds loads them."""
+    def policy_state(self, device: torch.device | str = "cpu") -> dict[str, Tensor]:
+        """The acting policy's weights, what `make_policy` builds loads them: copies on `device` (the
+        CPU, to ship to runners; the learner's own device for `runtime.mode: device`, which acts there)."""
         ...
 
     def state_dict(self) -> dict[str, Any]: ...

@@ -237,7 +237,7 @@ class RewardNormalizer(nn.Module):
         self.mean += delta * count / total
         self.var.copy_(m2 / total)
         self.count.copy_(total)
-        self.max_abs.copy_(torch.maximum(self.max_abs, torch.tensor(max_abs, dtype=torch.float64)))
+        self.max_abs.copy_(torch.maximum(self.max_abs, torch.as_tensor(max_abs, dtype=torch.float64)))
 
     def scale(self) -> Tensor:
         """The factor rewards are multiplied by (a float32 scalar on the buffers' device; 1 until stats arrive)."""

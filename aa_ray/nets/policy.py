@@ -62,8 +62,8 @@ class ObsNormalizer(nn.Module):
         """Chan et al.'s parallel update of (count, mean, var) with a chunk's moments."""
         if not self.enabled or count <= 0:
             return
-        mean_b = torch.tensor(mean, dtype=torch.float64, device=self.mean.device)
-        var_b = torch.tensor(var, dtype=torch.float64, device=self.var.device)
+        mean_b = torch.as_tensor(mean, dtype=torch.float64, device=self.mean.device)
+        var_b = torch.as_tensor(var, dtype=torch.float64, device=self.var.device)
         total = self.count + count
         delta = mean_b - self.mean
         m2 = self.var * self.count + var_b * count + delta.pow(2) * self.count * count / total

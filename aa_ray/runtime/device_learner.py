@@ -25,9 +25,7 @@ step, and the driver's train/* metrics average only the newest few), so the read
 from __future__ import annotations
 
 import time
-import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -143,16 +141,15 @@ class DeviceLearner:
         counts = torch.stack([self.episodes.valid_steps.to(torch.float64), self.replay.size.to(torch.float64)])
         to_read = torch.cat([counts, self.episodes.finish()])
         report: LearnerReport | None = None
-        with _tensor_moments():
-            if learn:
-                algo = self.spec.algo
-                batch = self.replay.sample(algo.updates_per_iteration, algo.batch_size // self.learner.world_size,
-                                           self.sampling)
-                report = self.learner.update(norm_stats, DeviceSample(batch), also_read=to_read)
-                values, report.read_with = report.read_with, []
-            else:
-                self.learner.merge_moments(norm_stats)
-                values = to_read.tolist()  # the iteration's one host read
+        if learn:
+            algo = self.spec.algo
+            batch = self.replay.sample(algo.updates_per_iteration, algo.batch_size // self.learner.world_size,
+                                       self.sampling)
+            report = self.learner.update(norm_stats, DeviceSample(batch), also_read=to_read)
+            values, report.read_with = report.read_with, []
+        else:
+            self.learner.merge_moments(norm_stats)
+            values = to_read.tolist()  # the iteration's one host read
         valid_steps, replay_rows = int(values[0]), int(values[1])
         self.replay_rows = replay_rows
         self.env_steps_seen += valid_steps
@@ -173,7 +170,7 @@ class DeviceLearner:
     def _refresh_policy(self) -> None:
         """The acting module takes the learner's newest weights (once per version)."""
         if self.learner.weights_version != self.policy_version:
-            state, version = self.learner.policy_state()
+            state, version = self.learner.policy_state(self.device)  # device to device: no host copy
             self.policy.load_state_dict(state)
             self.policy_version = version
 
@@ -425,15 +422,6 @@ class FirstEpisodes:
             if means[2 + keys + k]:
                 out[m.EVAL_PREFIX + metric_name(key)] = means[2 + k]
         return out
-
-
-@contextmanager
-def _tensor_moments() -> Iterator[None]:
-    """The normalizers' `merge` copy-constructs the moments it is given with `torch.tensor`, which warns
-    for a tensor (here the moments never leave the device); the copy is what is wanted."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="To copy construct from a tensor", category=UserWarning)
-        yield
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:

@@ -244,8 +244,8 @@ class Learner:
         self.metrics.losses(info)
         return LearnerReport(info, updates, read_with=read_with)
 
-    def policy_state(self) -> tuple[dict[str, torch.Tensor], int]:
-        return self.algo.policy_state(), self.weights_version
+    def policy_state(self, device: torch.device | str = "cpu") -> tuple[dict[str, torch.Tensor], int]:
+        return self.algo.policy_state(device), self.weights_version
 
     def state_dict(self) -> dict[str, Any]:
         return {
