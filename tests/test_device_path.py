@@ -217,7 +217,7 @@ def test_a_resumed_device_learner_repeats_the_uninterrupted_one() -> None:
     for iteration in range(3):
         first.iterate(2, iteration == 0, iteration > 0)
     saved = checkpointed((first.state_dict(), first.runner_state(with_replay=True)))
-    assert saved[1]["episodes_restart"] is False
+    assert saved[1]["env_restarts"] is False
     second = device_learner()
     second.load_state_dict(saved[0])
     second.load_runner_state(saved[1])
@@ -262,7 +262,7 @@ def test_a_resume_without_the_env_state_restarts_episodes_and_keeps_n_step_windo
     for _ in range(2):
         first.iterate(3, True, False)
     state = checkpointed(first.runner_state(with_replay=True))
-    assert state["episodes_restart"] is True and state["env"] is None
+    assert state["env_restarts"] is True and state["env"] is None
     second = device_learner(env__entry_point=StatelessReach, env__max_episode_steps=50)
     second.load_runner_state(state)
     # the newest slice ends every episode (bootstrapped from its true next observation): no window

@@ -216,7 +216,7 @@ class DeviceLearner:
         return {
             "num_envs": self.num_envs,
             "env": _to_cpu(env_state),
-            "episodes_restart": env_state is None,
+            "env_restarts": env_state is None,
             "obs": self.obs.to("cpu", copy=True),
             "episodes": self.episodes.state(),
             "generators": {name: generator.get_state() for name, generator in self._generators().items()},
