@@ -17,17 +17,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aa_ray import metric_names as m
 from aa_ray import seeding
 from aa_ray.algos.contract import OnPolicyActor
 from aa_ray.algos.registry import build_policy
 from aa_ray.envs.batched import BatchedEnv
-from aa_ray.envs.info_metrics import metric_name
 from aa_ray.envs.make import make_batched_env
 from aa_ray.nets.policy import ObsDims, to_bounds
-from aa_ray.records import ChunkStats, NormMoments, RolloutChunk, Transitions
+from aa_ray.records import ChunkStats, RolloutChunk, Transitions
 from aa_ray.runtime.metrics import RunMetrics, run_tag
-from aa_ray.runtime.tensor_steps import ChunkEpisodes, TensorNStep, tensor_obs_moments
+from aa_ray.runtime.tensor_steps import EpisodeCounters, FirstEpisodes, MomentSums, TensorNStep, on_host
 from aa_ray.spec.experiment import ExperimentSpec
 
 NO_VIDEO = "eval video skipped: a batched env (env.batched) renders no frames here; set eval.video: false"
@@ -49,7 +47,7 @@ class BatchedRunner:
             seeding.exploration_seed(spec.seed, index, incarnation))
         self.obs = self.envs.reset(seed=seeding.train_env_seeds(spec.seed, index, incarnation, 1)[0])
         self.gamma = spec.algo.gamma
-        self.episodes = ChunkEpisodes(self.num_envs, self.device, self.gamma)
+        self.episodes = EpisodeCounters(self.num_envs, self.envs.info_keys, self.device, self.gamma)
         self.nstep = TensorNStep(getattr(spec.algo, "n_step", 1), self.gamma)
         self.eval_envs: BatchedEnv | None = None
         self.metrics = RunMetrics(run_tag(spec), runner=index)
@@ -78,6 +76,7 @@ class BatchedRunner:
         algo.n_step > 1) on the host, and its stats."""
         start = time.perf_counter()
         self.episodes.start(num_steps)
+        moments = MomentSums(self.obs_dims.full, self.device, track_obs=True, track_returns=True)
         rows: list[dict[str, Tensor]] = []
         for _ in range(num_steps):
             if random_actions:
@@ -85,24 +84,19 @@ class BatchedRunner:
             else:
                 action = self.policy.act(self.obs, deterministic=False, generator=self.generator)
             step = self.envs.step(self.to_env_action(action))
-            self.episodes.step(step)
+            moments.add(self.obs, self.episodes.step(step))
             row = {"obs": self.obs, "action": action, "reward": step.reward, "next_obs": step.next_obs,
                    "terminated": step.terminated, "truncated": step.truncated, "valid": step.valid}
             emitted = self.nstep.push(row) if self.nstep.n_step > 1 else {**row, "discount": None}
             if emitted is not None:
                 rows.append(emitted)
             self.obs = step.obs
-        transitions, observed = self._transitions(rows)
-        episodes, returns = self.episodes.finish()
-        moments = NormMoments(tensor_obs_moments(observed), returns)
-        return transitions, self._chunk_stats(int(observed.shape[0]), episodes, moments, start)
+        return self._transitions(rows), self._chunk_stats(moments, start)
 
-    def _transitions(self, rows: list[dict[str, Tensor]]) -> tuple[Transitions, Tensor]:
-        """The valid rows of the chunk's steps as host arrays (one transfer), and the observations of
-        the chunk's real steps on the device (for the normalizer's moments)."""
+    def _transitions(self, rows: list[dict[str, Tensor]]) -> Transitions:
+        """The valid rows of the chunk's steps as host arrays, one transfer per field."""
         if not rows:
-            empty = torch.zeros((0, self.obs_dims.full), device=self.device)
-            return Transitions.empty(0, self.obs_dims.full, self.act_dim), empty
+            return Transitions.empty(0, self.obs_dims.full, self.act_dim)
         valid = torch.stack([row["valid"] for row in rows]).reshape(-1)
 
         def column(name: str) -> Tensor:
@@ -112,11 +106,13 @@ class BatchedRunner:
         discount = (column("discount") if rows[0]["discount"] is not None
                     else torch.full((int(valid.sum()),), self.gamma, device=self.device))
         fields = [column(name) for name in ("obs", "action", "reward", "next_obs", "terminated", "truncated")]
-        host = [field.cpu().numpy() for field in (*fields, discount.to(torch.float32))]
-        return Transitions(*host), fields[0]
+        return Transitions(*(field.cpu().numpy() for field in (*fields, discount.to(torch.float32))))
 
-    def _chunk_stats(self, env_steps: int, episodes: list, moments: NormMoments, start: float) -> ChunkStats:
-        stats = ChunkStats(env_steps, episodes, self.policy_version, moments,
+    def _chunk_stats(self, moments: MomentSums, start: float) -> ChunkStats:
+        """The chunk's counts, episodes (one read of the counters), moments and timings; the Ray metrics."""
+        read = torch.cat([self.episodes.valid_steps.reshape(1).to(torch.float64), self.episodes.finish()]).tolist()
+        env_steps = int(read[0])
+        stats = ChunkStats(env_steps, self.episodes.decode(read[1:]), self.policy_version, on_host(moments.merged(1)),
                            collect_s=time.perf_counter() - start, weights_s=self.weights_s)
         self.weights_s = 0.0
         self.metrics.inc("aa_ray_env_steps", env_steps)
@@ -129,13 +125,14 @@ class BatchedRunner:
         was) is bootstrapped from its own observation's value."""
         start = time.perf_counter()
         self.episodes.start(num_steps)
+        moments = MomentSums(self.obs_dims.full, self.device, track_obs=True, track_returns=True)
         policy: OnPolicyActor = self.policy
         names = ("obs", "action", "log_prob", "reward", "next_obs", "terminated", "truncated")
         steps: dict[str, list[Tensor]] = {name: [] for name in names}
         for _ in range(num_steps):
             action, log_prob = policy.explore(self.obs, self.generator)
             step = self.envs.step(self.to_env_action(action.clamp(-1.0, 1.0)))
-            self.episodes.step(step)
+            moments.add(self.obs, self.episodes.step(step))
             next_obs = torch.where(step.valid[:, None], step.next_obs, self.obs)
             for name, value in (("obs", self.obs), ("action", action), ("log_prob", log_prob),
                                 ("reward", step.reward), ("next_obs", next_obs),
@@ -150,9 +147,7 @@ class BatchedRunner:
         chunk = RolloutChunk(*(t.cpu().numpy() for t in (
             stacked["obs"], stacked["action"], stacked["log_prob"], value, stacked["reward"], next_value,
             stacked["terminated"], stacked["truncated"])))
-        episodes, returns = self.episodes.finish()
-        moments = NormMoments(tensor_obs_moments(flat_obs), returns)
-        return chunk, self._chunk_stats(num_steps * self.num_envs, episodes, moments, start)
+        return chunk, self._chunk_stats(moments, start)
 
     def evaluate(self, num_episodes: int) -> dict[str, float]:
         """`num_episodes` deterministic episodes, one per copy of a separate batched env reset with
@@ -163,28 +158,12 @@ class BatchedRunner:
             self.eval_envs = make_batched_env(self.spec, num_episodes, show_model_warnings=False)
         envs = self.eval_envs
         obs = envs.reset(seed=seeding.eval_env_seeds(self.spec.seed, 1)[0])
-        running = torch.ones(num_episodes, dtype=torch.bool, device=envs.device)
-        returns = torch.zeros(num_episodes, dtype=torch.float64, device=envs.device)
-        lengths = torch.zeros(num_episodes, dtype=torch.int64, device=envs.device)
-        infos = {key: torch.full((num_episodes,), float("nan"), dtype=torch.float64, device=envs.device)
-                 for key in self.envs.info_keys}
-        while bool(running.any()):
+        first = FirstEpisodes(num_episodes, envs.info_keys, envs.device)
+        while not bool(first.finished.all()):  # evaluation may read each step: it is not the training loop
             step = envs.step(to_bounds(self.policy.act(obs, deterministic=True), envs.action_low, envs.action_high))
-            counted = running & step.valid
-            returns += torch.where(counted, step.reward.to(torch.float64), 0.0)
-            lengths += counted
-            ended = running & (step.terminated | step.truncated)
-            for key, (values, mask) in step.episode_info.items():
-                if key in infos:
-                    infos[key] = torch.where(ended & mask, values.to(torch.float64), infos[key])
-            running &= ~ended
+            first.step(step)
             obs = step.obs
-        out = {m.EVAL_RETURN: float(returns.mean()), m.EVAL_LENGTH: float(lengths.to(torch.float64).mean())}
-        for key, values in infos.items():
-            reported = values[~values.isnan()]
-            if reported.numel():
-                out[m.EVAL_PREFIX + metric_name(key)] = float(reported.mean())
-        return out
+        return first.metrics()
 
     def record_video(self, max_frames: int) -> tuple[bytes | None, str | None]:
         return None, NO_VIDEO

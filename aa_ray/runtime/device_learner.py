@@ -17,7 +17,7 @@ shard of the global batch. The class is composition, not a new learner: it owns 
 `DeviceReplay`.
 
 Episodes: each iteration reports every finished episode (`ChunkStats.episodes`, the driver's
-episode count); the newest `EPISODES_READ` of them with their own return, length and info, any
+episode count); the newest `tensor_steps.EPISODES_READ` of them with their own return, length and info, any
 older ones of the same iteration with their means (thousands of copies can end episodes in one
 step, and the driver's train/* metrics average only the newest few), so the read stays small.
 """
@@ -25,29 +25,22 @@ step, and the driver's train/* metrics average only the newest few), so the read
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
-from aa_ray import metric_names as m
 from aa_ray import seeding
 from aa_ray.algos.registry import build_policy
-from aa_ray.envs.batched import BatchedEnv, BatchedStep
-from aa_ray.envs.info_metrics import metric_name
+from aa_ray.envs.batched import BatchedEnv
 from aa_ray.envs.make import make_batched_env
 from aa_ray.errors import SpecError
 from aa_ray.nets.policy import ObsDims, to_bounds
-from aa_ray.records import ChunkStats, DeviceSample, EpisodeStats, LearnerReport, NormMoments
+from aa_ray.records import ChunkStats, DeviceSample, LearnerReport, NormMoments
 from aa_ray.runtime.device_replay import DeviceReplay
 from aa_ray.runtime.learner import Learner
+from aa_ray.runtime.tensor_steps import NO_OBS_MOMENTS, NO_RETURN_MOMENTS, EpisodeCounters, FirstEpisodes, MomentSums
 from aa_ray.spec.experiment import ExperimentSpec
-
-EPISODES_READ = 256  # finished episodes per iteration read one by one (more than the driver's recent window)
-NO_OBS_MOMENTS = (0, None, None)
-NO_RETURN_MOMENTS = (0, 0.0, 1.0, 0.0)
 
 
 class DeviceLearner:
@@ -249,179 +242,6 @@ class DeviceLearner:
         for envs in (self.envs, self.eval_envs):
             if envs is not None:
                 envs.close()
-
-
-class EpisodeCounters:
-    """Each env copy's running return, length and discounted return (for reward normalization) on the
-    device, and the episodes that end during an iteration of `steps` steps: (steps, N) buffers
-    compacted at the end into one vector for the iteration's host read (`finish`, `decode`).
-
-    An episode ends at a row that is terminated or truncated; its return and length count the rows
-    that are real transitions (`valid`), as `EnvRunner`'s episode tracker does."""
-
-    def __init__(self, num_envs: int, info_keys: Sequence[str], device: torch.device, gamma: float):
-        self.num_envs, self.info_keys, self.device, self.gamma = num_envs, tuple(info_keys), device, gamma
-        self.returns = torch.zeros(num_envs, dtype=torch.float64, device=device)
-        self.lengths = torch.zeros(num_envs, dtype=torch.float64, device=device)
-        self.discounted = torch.zeros(num_envs, dtype=torch.float64, device=device)
-        self.valid_steps = torch.zeros((), dtype=torch.int64, device=device)
-        self.t = 0
-        self.capacity = 0
-
-    def start(self, steps: int) -> None:
-        shape, on = (steps, self.num_envs), {"device": self.device}
-        self.t, self.capacity = 0, min(steps * self.num_envs, EPISODES_READ)
-        self.ended = torch.zeros(shape, dtype=torch.bool, **on)
-        # columns of an ended row: return, length, then each info key's value and whether it was given
-        self.values = torch.zeros((*shape, 2 + 2 * len(self.info_keys)), dtype=torch.float64, **on)
-        self.valid_steps = torch.zeros((), dtype=torch.int64, **on)
-
-    def step(self, step: BatchedStep) -> Tensor:
-        """Count one env step; returns the discounted returns after it (the reward normalizer's samples)."""
-        t, valid = self.t, step.valid
-        done = step.terminated | step.truncated
-        reward = torch.where(valid, step.reward.to(torch.float64), 0.0)
-        self.returns += reward
-        self.lengths += valid
-        self.discounted = self.gamma * self.discounted + reward
-        self.valid_steps += valid.sum()
-        self.ended[t] = done
-        row = self.values[t]
-        row[:, 0], row[:, 1] = self.returns, self.lengths
-        for k, key in enumerate(self.info_keys):
-            given = step.episode_info.get(key)
-            if given is not None:
-                row[:, 2 + 2 * k] = given[0]
-                row[:, 3 + 2 * k] = given[1]
-        discounted = self.discounted
-        keep = ~done
-        self.returns *= keep
-        self.lengths *= keep
-        self.discounted = self.discounted * keep
-        self.t = t + 1
-        return discounted
-
-    def finish(self) -> Tensor:
-        """The iteration's episodes as one float64 vector on the device: [count, older count, older
-        sums (columns), the newest `capacity` rows (columns each, right-aligned)]."""
-        ended, values = self.ended[: self.t].reshape(-1), self.values[: self.t].reshape(-1, self.values.shape[-1])
-        count = ended.sum()
-        order = ended.cumsum(0) - 1  # each ended row's place in time order (then env order)
-        newest = ended & (order >= count - self.capacity)
-        older = ended & ~newest
-        # the newest rows go to slots [capacity - min(count, capacity), capacity); the rest to a spare slot
-        slot = torch.where(newest, order - (count - self.capacity), self.capacity)
-        rows = torch.zeros((self.capacity + 1, values.shape[-1]), dtype=torch.float64, device=self.device)
-        rows[slot] = values
-        older_sums = (values * older.unsqueeze(1)).sum(0)
-        return torch.cat([torch.stack([count.to(torch.float64), older.sum().to(torch.float64)]), older_sums,
-                          rows[: self.capacity].reshape(-1)])
-
-    def decode(self, read: Sequence[float]) -> list[EpisodeStats]:
-        """`finish`'s vector, read on the host, as the iteration's episodes in time order."""
-        width = 2 + 2 * len(self.info_keys)
-        count, older = int(read[0]), int(read[1])
-        episodes: list[EpisodeStats] = []
-        if older:
-            sums = read[2 : 2 + width]
-            info = {}
-            for k, key in enumerate(self.info_keys):
-                given = sums[3 + 2 * k]
-                if given:  # the mean over the older episodes that gave the key
-                    info[key] = sums[2 + 2 * k] / given
-            episodes += [EpisodeStats(sums[0] / older, sums[1] / older, info)] * older
-        rows = read[2 + width:]
-        for slot in range(self.capacity - (count - older), self.capacity):
-            row = rows[slot * width : (slot + 1) * width]
-            info = {key: row[2 + 2 * k] for k, key in enumerate(self.info_keys) if row[3 + 2 * k]}
-            episodes.append(EpisodeStats(row[0], row[1], info))
-        return episodes
-
-    def state(self) -> dict[str, Tensor]:
-        return {name: getattr(self, name).to("cpu", copy=True) for name in ("returns", "lengths", "discounted")}
-
-    def load_state(self, state: dict[str, Tensor]) -> None:
-        for name in ("returns", "lengths", "discounted"):  # copies: the counters are added to in place
-            setattr(self, name, state[name].to(self.device, torch.float64, copy=True))
-
-
-class MomentSums:
-    """Sums of an iteration's observations and discounted returns on the device, turned into the
-    normalizers' moments once (all-reduced over the learners, so every rank merges the same ones).
-    Counts are every row acted on, known on the host without a read."""
-
-    def __init__(self, obs_dim: int, device: torch.device, track_obs: bool, track_returns: bool):
-        self.track_obs, self.track_returns = track_obs, track_returns
-        self.rows = 0
-        on = {"dtype": torch.float64, "device": device}
-        self.obs_sum, self.obs_squares = torch.zeros(obs_dim, **on), torch.zeros(obs_dim, **on)
-        self.return_sums = torch.zeros(2, **on)  # sum, sum of squares
-        self.return_max = torch.zeros((), **on)
-
-    def add(self, obs: Tensor, discounted: Tensor) -> None:
-        self.rows += obs.shape[0]
-        if self.track_obs:
-            wide = obs.to(torch.float64)
-            self.obs_sum += wide.sum(0)
-            self.obs_squares += wide.square().sum(0)
-        if self.track_returns:
-            self.return_sums += torch.stack([discounted.sum(), discounted.square().sum()])
-            self.return_max = torch.maximum(self.return_max, discounted.abs().max())
-
-    def merged(self, world_size: int) -> NormMoments:
-        if not self.rows or not (self.track_obs or self.track_returns):
-            return NormMoments(NO_OBS_MOMENTS, NO_RETURN_MOMENTS)
-        sums = torch.cat([self.obs_sum, self.obs_squares, self.return_sums])
-        peak = self.return_max.clone()
-        if world_size > 1:  # one sum and one max over the learners
-            dist.all_reduce(sums)
-            dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        rows = self.rows * world_size
-        features = self.obs_sum.shape[0]
-        obs_mean = sums[:features] / rows
-        obs_var = (sums[features : 2 * features] / rows - obs_mean.square()).clamp_min(0.0)
-        return_mean = sums[-2] / rows
-        return_var = (sums[-1] / rows - return_mean.square()).clamp_min(0.0)
-        return NormMoments(
-            (rows, obs_mean, obs_var) if self.track_obs else NO_OBS_MOMENTS,
-            (rows, return_mean, return_var, peak) if self.track_returns else NO_RETURN_MOMENTS,
-        )
-
-
-class FirstEpisodes:
-    """Each eval copy's first episode: its return, length and info at its end, on the device."""
-
-    def __init__(self, num_envs: int, info_keys: Sequence[str], device: torch.device):
-        self.info_keys = tuple(info_keys)
-        on = {"dtype": torch.float64, "device": device}
-        self.returns, self.lengths = torch.zeros(num_envs, **on), torch.zeros(num_envs, **on)
-        self.finished = torch.zeros(num_envs, dtype=torch.bool, device=device)
-        self.info = torch.zeros((len(self.info_keys), num_envs), **on)
-        self.info_given = torch.zeros((len(self.info_keys), num_envs), dtype=torch.bool, device=device)
-
-    def step(self, step: BatchedStep) -> None:
-        running = ~self.finished
-        counted = step.valid & running
-        self.returns += torch.where(counted, step.reward.to(torch.float64), 0.0)
-        self.lengths += counted
-        ends = (step.terminated | step.truncated) & running
-        for k, key in enumerate(self.info_keys):
-            given = step.episode_info.get(key)
-            if given is not None:
-                self.info[k] = torch.where(ends, given[0].to(torch.float64), self.info[k])
-                self.info_given[k] |= ends & given[1]
-        self.finished |= ends
-
-    def metrics(self) -> dict[str, float]:
-        given = self.info_given.to(torch.float64)
-        means = torch.cat([torch.stack([self.returns.mean(), self.lengths.mean()]),
-                           (self.info * given).sum(1) / given.sum(1).clamp_min(1.0), given.sum(1)]).tolist()
-        keys = len(self.info_keys)
-        out = {m.EVAL_RETURN: means[0], m.EVAL_LENGTH: means[1]}
-        for k, key in enumerate(self.info_keys):
-            if means[2 + keys + k]:
-                out[m.EVAL_PREFIX + metric_name(key)] = means[2 + k]
-        return out
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:

@@ -1,96 +1,208 @@
-"""What a runner of a batched env keeps between its env steps, as tensors on the env's device:
-each copy's episode so far, the discounted returns that feed reward normalization, and the n-step
-windows. Nothing here reads a value on the host while stepping; a chunk's episodes and moments are
-read once, at its end (`ChunkEpisodes.finish`)."""
+"""What the batched runner and the device learner keep between their env steps, as tensors on the
+env's device: each copy's episode so far and the episodes that end (`EpisodeCounters`), the sums
+that become the normalizers' moments (`MomentSums`), each eval copy's first episode
+(`FirstEpisodes`) and n-step windows (`TensorNStep`). Nothing here reads a value on the host while
+stepping; what a chunk or an iteration reports is read once, at its end."""
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
+from aa_ray import metric_names as m
 from aa_ray.envs.batched import BatchedStep
-from aa_ray.records import EpisodeStats, ObsMoments, ReturnMoments
+from aa_ray.envs.info_metrics import metric_name
+from aa_ray.records import EpisodeStats, NormMoments
+
+EPISODES_READ = 256  # finished episodes per iteration read one by one (more than the driver's recent window)
+NO_OBS_MOMENTS = (0, None, None)
+NO_RETURN_MOMENTS = (0, 0.0, 1.0, 0.0)
 
 
-class ChunkEpisodes:
-    """Each env copy's running return and length, and what ended during a chunk of `steps` steps:
-    (steps, N) buffers filled on the device, read on the host once per chunk."""
+class EpisodeCounters:
+    """Each env copy's running return, length and discounted return (for reward normalization) on the
+    device, and the episodes that end during an iteration of `steps` steps: (steps, N) buffers
+    compacted at the end into one vector for the iteration's host read (`finish`, `decode`).
 
-    def __init__(self, num_envs: int, device: torch.device, gamma: float):
-        self.gamma = gamma
+    An episode ends at a row that is terminated or truncated; its return and length count the rows
+    that are real transitions (`valid`), as `EnvRunner`'s episode tracker does."""
+
+    def __init__(self, num_envs: int, info_keys: Sequence[str], device: torch.device, gamma: float):
+        self.num_envs, self.info_keys, self.device, self.gamma = num_envs, tuple(info_keys), device, gamma
         self.returns = torch.zeros(num_envs, dtype=torch.float64, device=device)
-        self.lengths = torch.zeros(num_envs, dtype=torch.int64, device=device)
-        self.discounted = torch.zeros(num_envs, dtype=torch.float64, device=device)  # raw rewards, for normalizing
-        self._chunk: dict[str, Any] | None = None
+        self.lengths = torch.zeros(num_envs, dtype=torch.float64, device=device)
+        self.discounted = torch.zeros(num_envs, dtype=torch.float64, device=device)
+        self.valid_steps = torch.zeros((), dtype=torch.int64, device=device)
+        self.t = 0
+        self.capacity = 0
 
     def start(self, steps: int) -> None:
-        n, device = self.returns.shape[0], self.returns.device
-        self._chunk = {
-            "t": 0,
-            "ended": torch.zeros(steps, n, dtype=torch.bool, device=device),
-            "episode_return": torch.zeros(steps, n, dtype=torch.float64, device=device),
-            "length": torch.zeros(steps, n, dtype=torch.int64, device=device),
-            "discounted": torch.zeros(steps, n, dtype=torch.float64, device=device),
-            "counted": torch.zeros(steps, n, dtype=torch.bool, device=device),
-            "info": {},
-        }
+        shape, on = (steps, self.num_envs), {"device": self.device}
+        self.t, self.capacity = 0, min(steps * self.num_envs, EPISODES_READ)
+        self.ended = torch.zeros(shape, dtype=torch.bool, **on)
+        # columns of an ended row: return, length, then each info key's value and whether it was given
+        self.values = torch.zeros((*shape, 2 + 2 * len(self.info_keys)), dtype=torch.float64, **on)
+        self.valid_steps = torch.zeros((), dtype=torch.int64, **on)
 
-    def step(self, step: BatchedStep) -> None:
-        chunk, t = self._chunk, self._chunk["t"]
-        valid, done = step.valid, step.terminated | step.truncated
-        reward = step.reward.to(torch.float64)
-        self.returns += torch.where(valid, reward, 0.0)
+    def step(self, step: BatchedStep) -> Tensor:
+        """Count one env step; returns the discounted returns after it (the reward normalizer's samples)."""
+        t, valid = self.t, step.valid
+        done = step.terminated | step.truncated
+        reward = torch.where(valid, step.reward.to(torch.float64), 0.0)
+        self.returns += reward
         self.lengths += valid
-        self.discounted = self.gamma * self.discounted + torch.where(valid, reward, 0.0)
-        chunk["discounted"][t], chunk["counted"][t] = self.discounted, valid
-        chunk["ended"][t] = done
-        chunk["episode_return"][t], chunk["length"][t] = self.returns, self.lengths
-        for key, (values, mask) in step.episode_info.items():
-            seen = chunk["info"].setdefault(key, (torch.zeros_like(chunk["discounted"]),
-                                                 torch.zeros_like(chunk["ended"])))
-            seen[0][t], seen[1][t] = values.to(torch.float64), mask
-        self.returns = torch.where(done, 0.0, self.returns)
-        self.lengths = torch.where(done, 0, self.lengths)
-        self.discounted = torch.where(done, 0.0, self.discounted)
-        chunk["t"] = t + 1
+        self.discounted = self.gamma * self.discounted + reward
+        self.valid_steps += valid.sum()
+        self.ended[t] = done
+        row = self.values[t]
+        row[:, 0], row[:, 1] = self.returns, self.lengths
+        for k, key in enumerate(self.info_keys):
+            given = step.episode_info.get(key)
+            if given is not None:
+                row[:, 2 + 2 * k] = given[0]
+                row[:, 3 + 2 * k] = given[1]
+        discounted = self.discounted
+        keep = ~done
+        self.returns *= keep
+        self.lengths *= keep
+        self.discounted = self.discounted * keep
+        self.t = t + 1
+        return discounted
 
-    def finish(self) -> tuple[list[EpisodeStats], ReturnMoments]:
-        """The episodes that ended in the chunk (in time order, then env order) and the moments of
-        the discounted returns seen: one read on the host."""
-        chunk, self._chunk = self._chunk, None
-        ended = chunk["ended"].cpu()
-        at_end = {name: chunk[name][ended.to(chunk[name].device)].cpu().tolist()
-                  for name in ("episode_return", "length")}
-        infos = {key: (values[ended.to(values.device)].cpu().tolist(), mask[ended.to(mask.device)].cpu().tolist())
-                 for key, (values, mask) in chunk["info"].items()}
-        episodes = []
-        for k, (episode_return, length) in enumerate(zip(at_end["episode_return"], at_end["length"], strict=True)):
-            info = {key: value[k] for key, (value, mask) in infos.items() if mask[k]}
-            episodes.append(EpisodeStats(float(episode_return), float(length), info))
-        seen = chunk["discounted"][chunk["counted"]]
-        if seen.numel() == 0:
-            return episodes, (0, 0.0, 1.0, 0.0)
-        moments = torch.stack([seen.mean(), seen.var(unbiased=False), seen.abs().max()]).cpu().tolist()
-        return episodes, (int(seen.numel()), *moments)
+    def finish(self) -> Tensor:
+        """The iteration's episodes as one float64 vector on the device: [count, older count, older
+        sums (columns), the newest `capacity` rows (columns each, right-aligned)]."""
+        ended, values = self.ended[: self.t].reshape(-1), self.values[: self.t].reshape(-1, self.values.shape[-1])
+        count = ended.sum()
+        order = ended.cumsum(0) - 1  # each ended row's place in time order (then env order)
+        newest = ended & (order >= count - self.capacity)
+        older = ended & ~newest
+        # the newest rows go to slots [capacity - min(count, capacity), capacity); the rest to a spare slot
+        slot = torch.where(newest, order - (count - self.capacity), self.capacity)
+        rows = torch.zeros((self.capacity + 1, values.shape[-1]), dtype=torch.float64, device=self.device)
+        rows[slot] = values
+        older_sums = (values * older.unsqueeze(1)).sum(0)
+        return torch.cat([torch.stack([count.to(torch.float64), older.sum().to(torch.float64)]), older_sums,
+                          rows[: self.capacity].reshape(-1)])
+
+    def decode(self, read: Sequence[float]) -> list[EpisodeStats]:
+        """`finish`'s vector, read on the host, as the iteration's episodes in time order."""
+        width = 2 + 2 * len(self.info_keys)
+        count, older = int(read[0]), int(read[1])
+        episodes: list[EpisodeStats] = []
+        if older:
+            sums = read[2 : 2 + width]
+            info = {}
+            for k, key in enumerate(self.info_keys):
+                given = sums[3 + 2 * k]
+                if given:  # the mean over the older episodes that gave the key
+                    info[key] = sums[2 + 2 * k] / given
+            episodes += [EpisodeStats(sums[0] / older, sums[1] / older, info)] * older
+        rows = read[2 + width:]
+        for slot in range(self.capacity - (count - older), self.capacity):
+            row = rows[slot * width : (slot + 1) * width]
+            info = {key: row[2 + 2 * k] for k, key in enumerate(self.info_keys) if row[3 + 2 * k]}
+            episodes.append(EpisodeStats(row[0], row[1], info))
+        return episodes
 
     def state(self) -> dict[str, Tensor]:
-        return {"returns": self.returns.cpu(), "lengths": self.lengths.cpu(), "discounted": self.discounted.cpu()}
+        return {name: getattr(self, name).to("cpu", copy=True) for name in ("returns", "lengths", "discounted")}
 
     def load_state(self, state: dict[str, Tensor]) -> None:
-        device = self.returns.device
-        self.returns, self.lengths = state["returns"].to(device), state["lengths"].to(device)
-        self.discounted = state["discounted"].to(device)
+        for name in ("returns", "lengths", "discounted"):  # copies: the counters are added to in place
+            setattr(self, name, state[name].to(self.device, torch.float64, copy=True))
 
 
-def tensor_obs_moments(obs: Tensor) -> ObsMoments:
-    """`records.obs_moments` of a (rows, features) block of observations on a device."""
-    if obs.shape[0] == 0:
-        return 0, None, None
-    flat = obs.to(torch.float64)
-    return int(flat.shape[0]), flat.mean(0).cpu().numpy(), flat.var(0, unbiased=False).cpu().numpy()
+class MomentSums:
+    """Sums of an iteration's observations and discounted returns on the device, turned into the
+    normalizers' moments once (all-reduced over the learners, so every rank merges the same ones).
+    Counts are every row acted on, known on the host without a read."""
+
+    def __init__(self, obs_dim: int, device: torch.device, track_obs: bool, track_returns: bool):
+        self.track_obs, self.track_returns = track_obs, track_returns
+        self.rows = 0
+        on = {"dtype": torch.float64, "device": device}
+        self.obs_sum, self.obs_squares = torch.zeros(obs_dim, **on), torch.zeros(obs_dim, **on)
+        self.return_sums = torch.zeros(2, **on)  # sum, sum of squares
+        self.return_max = torch.zeros((), **on)
+
+    def add(self, obs: Tensor, discounted: Tensor) -> None:
+        self.rows += obs.shape[0]
+        if self.track_obs:
+            wide = obs.to(torch.float64)
+            self.obs_sum += wide.sum(0)
+            self.obs_squares += wide.square().sum(0)
+        if self.track_returns:
+            self.return_sums += torch.stack([discounted.sum(), discounted.square().sum()])
+            self.return_max = torch.maximum(self.return_max, discounted.abs().max())
+
+    def merged(self, world_size: int) -> NormMoments:
+        if not self.rows or not (self.track_obs or self.track_returns):
+            return NormMoments(NO_OBS_MOMENTS, NO_RETURN_MOMENTS)
+        sums = torch.cat([self.obs_sum, self.obs_squares, self.return_sums])
+        peak = self.return_max.clone()
+        if world_size > 1:  # one sum and one max over the learners
+            dist.all_reduce(sums)
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        rows = self.rows * world_size
+        features = self.obs_sum.shape[0]
+        obs_mean = sums[:features] / rows
+        obs_var = (sums[features : 2 * features] / rows - obs_mean.square()).clamp_min(0.0)
+        return_mean = sums[-2] / rows
+        return_var = (sums[-1] / rows - return_mean.square()).clamp_min(0.0)
+        return NormMoments(
+            (rows, obs_mean, obs_var) if self.track_obs else NO_OBS_MOMENTS,
+            (rows, return_mean, return_var, peak) if self.track_returns else NO_RETURN_MOMENTS,
+        )
+
+
+def on_host(moments: NormMoments) -> NormMoments:
+    """`MomentSums.merged`'s moments as host numbers (numpy arrays, floats), for a runner's chunk stats,
+    which travel to the learners in other processes."""
+    (obs_rows, obs_mean, obs_var), (return_rows, *returns) = moments
+    obs = (obs_rows, None, None) if obs_mean is None else (
+        obs_rows, obs_mean.cpu().numpy(), obs_var.cpu().numpy())
+    return NormMoments(obs, (return_rows, *(float(value) for value in returns)))
+
+
+class FirstEpisodes:
+    """Each eval copy's first episode: its return, length and info at its end, on the device."""
+
+    def __init__(self, num_envs: int, info_keys: Sequence[str], device: torch.device):
+        self.info_keys = tuple(info_keys)
+        on = {"dtype": torch.float64, "device": device}
+        self.returns, self.lengths = torch.zeros(num_envs, **on), torch.zeros(num_envs, **on)
+        self.finished = torch.zeros(num_envs, dtype=torch.bool, device=device)
+        self.info = torch.zeros((len(self.info_keys), num_envs), **on)
+        self.info_given = torch.zeros((len(self.info_keys), num_envs), dtype=torch.bool, device=device)
+
+    def step(self, step: BatchedStep) -> None:
+        running = ~self.finished
+        counted = step.valid & running
+        self.returns += torch.where(counted, step.reward.to(torch.float64), 0.0)
+        self.lengths += counted
+        ends = (step.terminated | step.truncated) & running
+        for k, key in enumerate(self.info_keys):
+            given = step.episode_info.get(key)
+            if given is not None:
+                self.info[k] = torch.where(ends, given[0].to(torch.float64), self.info[k])
+                self.info_given[k] |= ends & given[1]
+        self.finished |= ends
+
+    def metrics(self) -> dict[str, float]:
+        given = self.info_given.to(torch.float64)
+        means = torch.cat([torch.stack([self.returns.mean(), self.lengths.mean()]),
+                           (self.info * given).sum(1) / given.sum(1).clamp_min(1.0), given.sum(1)]).tolist()
+        keys = len(self.info_keys)
+        out = {m.EVAL_RETURN: means[0], m.EVAL_LENGTH: means[1]}
+        for k, key in enumerate(self.info_keys):
+            if means[2 + keys + k]:
+                out[m.EVAL_PREFIX + metric_name(key)] = means[2 + k]
+        return out
 
 
 class TensorNStep:
