@@ -13,8 +13,9 @@ Two parts, each a table of (envs, contender) cells:
   `specs/sac.yaml`'s SAC policy (256x256), SB3's SAC `collect_rollouts` on a `DummyVecEnv` (256x256,
   stores into its replay buffer as it goes), RLlib's `SingleAgentEnvRunner.sample` with SAC's default
   RLModule (256x256, `forward_exploration`).
-Both parts also have a cell for `aa_ray.runtime.batched_runner.BatchedRunner` on `env.batched: envpool`;
-where that module is not in the checkout the cell is recorded as not available.
+Both parts also have cells for `aa_ray.runtime.batched_runner.BatchedRunner` on `env.batched: envpool`
+with EnvPool at 1 and 2 threads (`env.kwargs.num_threads`), to compare with raw EnvPool at the same
+threads; where that module is not in the checkout or does not build, they are recorded as not available.
 
 How it is timed. Every contender is built once per env count (not timed), warmed up, and given a fixed
 number of vector steps per cell, sized from the warm-up so one cell takes about `--seconds`. Then the
@@ -32,7 +33,7 @@ step): HalfCheetah's episodes last 1000 steps, so the two counts differ by at mo
 Every process here uses one torch thread (`torch.set_num_threads(1)`, as aa-ray's runner actors do).
 
 Run from the repository root:
-    .venv/bin/python benchmarks/bench_env_stepping.py                 # both parts, ~15 min on 2 cores
+    .venv/bin/python benchmarks/bench_env_stepping.py                 # both parts, ~13 min on 2 cores
     .venv/bin/python benchmarks/bench_env_stepping.py --quick         # a few seconds of stepping (CI)
     .venv/bin/python benchmarks/bench_env_stepping.py --part raw --envs 64 --reps 5
 """
