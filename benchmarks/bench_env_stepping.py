@@ -147,12 +147,22 @@ def envpool_env(envs: int, threads: int) -> Collector:
     return Collector(random_stepper(pool.step, envs, pool.action_space.shape[0]), pool.close)
 
 
+def sb3_module(name: str) -> Any:
+    """A stable-baselines3 module, or NotAvailable where the bench extra is not installed."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError as err:
+        raise NotAvailable("stable-baselines3 is not installed (pip install -e '.[bench]')") from err
+
+
 def sb3_dummy_vec_env(envs: int) -> Collector:
     import gymnasium as gym
-    from stable_baselines3.common.vec_env import DummyVecEnv
 
     from aa_ray.envs.make import model_warnings_once
 
+    DummyVecEnv = sb3_module("stable_baselines3.common.vec_env").DummyVecEnv
     with model_warnings_once(show=False):
         vector_env = DummyVecEnv([partial(gym.make, ENV_ID)] * envs)
     vector_env.seed(0)
@@ -210,11 +220,13 @@ def sb3_sac_collection(envs: int) -> Collector:
     """SB3's SAC collecting as its `learn` does between updates: `collect_rollouts` with the policy acting
     (learning_starts 0), each transition stored into its replay buffer."""
     import gymnasium as gym
-    from stable_baselines3 import SAC
-    from stable_baselines3.common.type_aliases import TrainFreq, TrainFrequencyUnit
-    from stable_baselines3.common.vec_env import DummyVecEnv
 
     from aa_ray.envs.make import model_warnings_once
+
+    SAC = sb3_module("stable_baselines3").SAC
+    DummyVecEnv = sb3_module("stable_baselines3.common.vec_env").DummyVecEnv
+    aliases = sb3_module("stable_baselines3.common.type_aliases")
+    TrainFreq, TrainFrequencyUnit = aliases.TrainFreq, aliases.TrainFrequencyUnit
 
     with model_warnings_once(show=False):
         vector_env = DummyVecEnv([partial(gym.make, ENV_ID)] * envs)
