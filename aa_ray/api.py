@@ -177,7 +177,8 @@ class Policy:
         import torch
 
         from aa_ray.algos.registry import build_policy
-        from aa_ray.envs import env_dims, make_vector_env
+        from aa_ray.envs import env_dims
+        from aa_ray.envs.make import first_observations
         from aa_ray.nets.policy import BoundedPolicy
         from aa_ray.runtime.checkpoint import CheckpointError, checkpoint_policy, load_checkpoint
 
@@ -200,10 +201,8 @@ class Policy:
             raise CheckpointError(f"checkpoint {self.checkpoint}: its policy weights do not fit its own spec's "
                                   f"networks ({str(err).splitlines()[0]})") from None
         self.network.eval().requires_grad_(False)  # an exported file then needs no torch.no_grad()
-        envs = make_vector_env(self.spec, 1)
-        space = envs.single_action_space
-        envs.close()
-        self.bounded = BoundedPolicy(self.network, space.low, space.high).eval()
+        _, low, high = first_observations(self.spec, 1)
+        self.bounded = BoundedPolicy(self.network, low, high).eval()
         self.generator = torch.Generator().manual_seed(self.spec.seed)
 
     def predict(self, obs: np.ndarray | Mapping[str, np.ndarray], deterministic: bool = True) -> np.ndarray:
@@ -240,10 +239,10 @@ class Policy:
         evaluations faced): mean return and length, eval/success where the env reports is_success, and
         eval/<key> of its task metrics (`aa_ray.envs.info_metrics`). `video`: also write the first
         episode as a GIF (None written where nothing can render)."""
-        from aa_ray.runtime.env_runner import EnvRunner
+        from aa_ray.runtime.runners import runner_class
 
         spec = self.spec.model_copy(update={"runners": self.spec.runners.model_copy(update={"envs_per_runner": 1})})
-        runner = EnvRunner(spec, 0)
+        runner = runner_class(spec)(spec, 0)
         try:
             runner.set_weights(self.network.state_dict(), 0)
             result = runner.evaluate(episodes or self.spec.eval.episodes)

@@ -160,3 +160,19 @@ def test_envpool_halfcheetah_through_the_batched_runner() -> None:
     assert transitions.truncated.sum() == 4 * 2 and len(stats.episodes) == 8
     assert all(episode.length == 5 for episode in stats.episodes)
     assert runner.state()["env_restarts"] is True  # EnvPool gives no state: a resume starts episodes afresh
+
+
+def test_a_batched_runs_policy_loads_evaluates_and_exports_without_a_trust_flag(tmp_path: Path) -> None:
+    """aa-ray's own batched env is installed code: its checkpoint needs no --trust-code (a user's
+    module would), and evaluation and export work from the batched env's action bounds."""
+    from aa_ray.api import load_policy
+    from aa_ray.spec.trust import named_code
+
+    assert named_code({"env": {"entry_point": "aa_ray.envs.point_reach:PointReach"}}) == []
+    assert named_code({"env": {"entry_point": "mypkg.envs:PointReach"}})  # a user's module still counts
+    result = Trainer(load_spec(SPEC, [*SMALL, "budget.env_steps=192"]), run_dir=tmp_path / "run", live=False).run()
+    policy = load_policy(result["checkpoint"])
+    evaluation = policy.evaluate(episodes=4)
+    assert evaluation["eval/length"] == 7 and "eval/distance" in evaluation
+    assert policy.predict(np.zeros(policy.obs_dim, np.float32)).shape == (2,)
+    assert policy.export(tmp_path / "policy.pt", "torchscript").is_file()

@@ -177,6 +177,12 @@ def rollout(
         raise RolloutError(f"--episodes must be at least 1, got {episodes}")
     if scripted == (checkpoint is not None):
         raise RolloutError("roll out either a checkpoint's policy or the scripted controller (exactly one)")
+    if spec.env.batched is not None:
+        raise RolloutError(
+            f"env.batched: {spec.env.batched}: aa-ray rollout records whole episodes of gymnasium env copies, and "
+            "a batched env is not supported by it yet; train on the batched env, and record the dataset from a spec "
+            "of the same task without env.batched where one exists"
+        )
     obs, act_dim = env_dims(spec)  # SpecError for an env that cannot be made or used
     policy_state = None
     if scripted:

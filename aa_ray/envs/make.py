@@ -73,6 +73,26 @@ def make_batched_env(spec: ExperimentSpec, num_envs: int, show_model_warnings: b
     ), show_model_warnings)
 
 
+def first_observations(spec: ExperimentSpec, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`rows` first observations of the spec's env (reset with the spec's seed; float32, all features)
+    and its action bounds (low, high): what a policy's exported form needs, for either kind of env."""
+    if spec.env.batched is not None:
+        batched_envs = make_batched_env(spec, rows)
+        try:
+            obs = batched_envs.reset(seed=spec.seed)
+            return (obs.cpu().numpy().astype(np.float32), batched_envs.action_low.cpu().numpy(),
+                    batched_envs.action_high.cpu().numpy())
+        finally:
+            batched_envs.close()
+    envs = make_vector_env(spec, rows)
+    try:
+        obs, _ = envs.reset(seed=spec.seed)
+        space = envs.single_action_space
+        return np.asarray(obs, dtype=np.float32), space.low, space.high
+    finally:
+        envs.close()
+
+
 def task_metric_keys(spec: ExperimentSpec) -> tuple[str, ...]:
     """`info_metrics.tracked_info_keys` of the spec's env, made once here (for checks before a run starts)."""
     if spec.env.batched is not None:

@@ -50,25 +50,32 @@ def _strings(value: Any) -> list[str]:
     return []
 
 
+def _aa_rays_own(path: str) -> bool:
+    """A module of aa-ray's own package (`aa_ray.envs.point_reach:PointReach`): installed code, which the
+    file names but did not bring (a folder the file puts on the import path is named on its own)."""
+    module = _module_of(path)
+    return module == "aa_ray" or module.startswith("aa_ray.")
+
+
 def named_code(raw: Mapping[str, Any]) -> list[NamedCode]:
     """Every module import and import-path change a raw spec dict would cause when validated or when
-    its env and algorithm are built. aa-ray's own and gymnasium's registered env ids and aa-ray's own
-    algorithms name none (their code is installed, not named by the file)."""
+    its env and algorithm are built. aa-ray's own and gymnasium's registered env ids, aa-ray's own
+    modules and aa-ray's own algorithms name none (their code is installed, not named by the file)."""
     env = raw.get("env") if isinstance(raw.get("env"), Mapping) else {}
     algo = raw.get("algo") if isinstance(raw.get("algo"), Mapping) else {}
     found: list[NamedCode] = []
     for folder in _strings(env.get("py_modules")):
         found.append(NamedCode("env.py_modules", folder, "puts this folder's packages on the import path"))
-    for entry_point in _strings(env.get("entry_point")):
+    for entry_point in (e for e in _strings(env.get("entry_point")) if not _aa_rays_own(e)):
         module, _, attr = entry_point.partition(":")
         found.append(NamedCode("env.entry_point", entry_point, f"imports module {module!r} and calls {attr!r} "
                                "with env.kwargs to make the env"))
-    for module in _strings(env.get("imports")):
+    for module in (m for m in _strings(env.get("imports")) if not _aa_rays_own(m)):
         found.append(NamedCode("env.imports", module, f"imports module {module!r}"))
     for env_id in _strings(env.get("id")):
-        if ":" in env_id:
+        if ":" in env_id and not _aa_rays_own(env_id):
             found.append(NamedCode("env.id", env_id, f"imports module {_module_of(env_id)!r}"))
-    for mirror in _strings(env.get("mirror")):
+    for mirror in (m for m in _strings(env.get("mirror")) if not _aa_rays_own(m)):
         found.append(NamedCode("env.mirror", mirror, f"imports module {_module_of(mirror)!r} and calls what it "
                                "names on observations and actions"))
     for plugin in _strings(algo.get("plugin")):

@@ -44,7 +44,8 @@ from mlflow.types import Schema, TensorSpec
 from packaging.version import Version
 
 from aa_ray.algos.registry import build_policy
-from aa_ray.envs import env_dims, make_vector_env
+from aa_ray.envs import env_dims
+from aa_ray.envs.make import first_observations
 from aa_ray.nets.policy import BoundedPolicy, ObsDims
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.tracking import policy_pyfunc
@@ -74,14 +75,9 @@ def acting_policy(
     network = build_policy(spec.algo, obs, act_dim)
     network.load_state_dict(policy_state)
     network.eval().requires_grad_(False)
-    envs = make_vector_env(spec, _EXAMPLE_ROWS)
-    try:
-        first_obs, _ = envs.reset(seed=spec.seed)
-        space = envs.single_action_space
-    finally:
-        envs.close()
-    example = np.ascontiguousarray(np.asarray(first_obs, dtype=np.float32)[:, : obs.actor])
-    return BoundedPolicy(network, space.low, space.high).eval(), obs, example
+    first_obs, low, high = first_observations(spec, _EXAMPLE_ROWS)
+    example = np.ascontiguousarray(first_obs[:, : obs.actor])
+    return BoundedPolicy(network, low, high).eval(), obs, example
 
 
 def actor_groups(obs: ObsDims) -> list[tuple[str, int]]:
