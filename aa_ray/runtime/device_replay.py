@@ -24,6 +24,7 @@ from torch import Tensor
 
 from aa_ray.envs.batched import BatchedStep
 from aa_ray.records import Batch
+from aa_ray.runtime.tensor_steps import n_step_windows
 
 _RING_FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "valid")
 
@@ -150,13 +151,7 @@ class DeviceReplay:
         steps = (start.unsqueeze(1) + offsets) % self.capacity  # (rows, n): the window's slices, in time order
         window = steps * self.num_envs + env.unsqueeze(1)
         done = (self.terminated.view(-1)[window] | self.truncated.view(-1)[window])
-        # step j belongs to the window when it is a real transition and no earlier step ended the episode
-        ended_before = torch.zeros_like(done)
-        ended_before[:, 1:] = done[:, :-1]
-        kept = (self.valid.view(-1)[window] & ~ended_before).cumprod(dim=1)
-        kept[:, 0] = 1  # the drawn row itself is valid by construction
-        length = kept.sum(dim=1)
-        reward = (self.reward.view(-1)[window] * kept * self._powers).sum(dim=1)
+        reward, length = n_step_windows(self.reward.view(-1)[window], done, self.valid.view(-1)[window], self._powers)
         last = window.gather(1, (length - 1).unsqueeze(1)).squeeze(1)
         return reward, last, torch.pow(self.gamma, length.float())
 

@@ -205,14 +205,23 @@ class FirstEpisodes:
         return out
 
 
-class TensorNStep:
-    """n-step transitions for all N copies at once. A step's transition is complete n - 1 steps
-    later (or sooner: its window stops at the episode's end, or before a row that is not a real
-    transition), so each step emits the transitions of the step n - 1 before it. Same target as
-    `runtime.nstep`: R = sum_{i<k} gamma^i r_{t+i}, discount gamma^k, s_{t+k} and the flags of the
-    k-th step."""
+def n_step_windows(reward: Tensor, done: Tensor, valid: Tensor, powers: Tensor) -> tuple[Tensor, Tensor]:
+    """n-step returns of windows of consecutive steps of one env copy each, (rows, n), whose first step
+    is a real transition: R = sum_{i<k} gamma^i r_i (`powers` = gamma^i) and k, the window's length.
+    A window stops after the step that ended an episode and before a step that is no transition
+    (`valid` false), so it never reaches into the next episode. Same target as `runtime.nstep`."""
+    ended_before = torch.zeros_like(done)
+    ended_before[:, 1:] = done[:, :-1]
+    kept = (valid & ~ended_before).cumprod(dim=1)
+    kept[:, 0] = 1
+    return (reward * kept * powers).sum(dim=1), kept.sum(dim=1)
 
-    FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "valid")
+
+class TensorNStep:
+    """n-step transitions for all N copies at once (`n_step_windows`). A step's transition is complete
+    n - 1 steps later (or sooner: its window stops at the episode's end), so each step emits the
+    transitions of the step n - 1 before it: s_t, a_t, R, the k-th step's next observation and flags,
+    discount gamma^k."""
 
     def __init__(self, n_step: int, gamma: float):
         self.n_step, self.gamma = n_step, gamma
@@ -230,21 +239,17 @@ class TensorNStep:
 
     def _emit(self) -> dict[str, Tensor]:
         first = self.window[0]
-        ret = torch.zeros_like(first["reward"])
-        next_obs, terminated, truncated = first["next_obs"], first["terminated"], first["truncated"]
-        discount = torch.full_like(first["reward"], self.gamma)
-        open_ = first["valid"].clone()
-        for k, row in enumerate(self.window):
-            if k > 0:
-                open_ = open_ & row["valid"]
-                next_obs = torch.where(open_[:, None], row["next_obs"], next_obs)
-                terminated = torch.where(open_, row["terminated"], terminated)
-                truncated = torch.where(open_, row["truncated"], truncated)
-                discount = torch.where(open_, self.gamma ** (k + 1), discount)
-            ret = ret + torch.where(open_, self.gamma**k * row["reward"], 0.0)
-            open_ = open_ & ~(row["terminated"] | row["truncated"])
-        return {"obs": first["obs"], "action": first["action"], "reward": ret, "next_obs": next_obs,
-                "terminated": terminated, "truncated": truncated, "valid": first["valid"], "discount": discount}
+        stacked = {name: torch.stack([row[name] for row in self.window], dim=1)  # (N, n, ...)
+                   for name in ("reward", "next_obs", "terminated", "truncated", "valid")}
+        powers = self.gamma ** torch.arange(self.n_step, dtype=first["reward"].dtype, device=first["reward"].device)
+        done = stacked["terminated"] | stacked["truncated"]
+        ret, length = n_step_windows(stacked["reward"], done, stacked["valid"], powers)
+        last = (length - 1).unsqueeze(1)  # each copy's window's last step
+        next_obs = stacked["next_obs"].gather(1, last.unsqueeze(2).expand(-1, 1, stacked["next_obs"].shape[2]))
+        return {"obs": first["obs"], "action": first["action"], "reward": ret, "next_obs": next_obs.squeeze(1),
+                "terminated": stacked["terminated"].gather(1, last).squeeze(1),
+                "truncated": stacked["truncated"].gather(1, last).squeeze(1), "valid": first["valid"],
+                "discount": self.gamma ** length.to(first["reward"].dtype)}
 
     def state(self) -> list[dict[str, Tensor]]:
         return [{k: v.cpu() for k, v in row.items()} for row in self.window]
