@@ -124,6 +124,7 @@ class PerEnvNoisePolicy(DeterministicPolicy):
     def __init__(self, actor: nn.Module, obs: ObsDims, normalize_obs: bool, noise_min: float, noise_max: float):
         super().__init__(actor, obs, normalize_obs, exploration_noise=noise_max)
         self.noise_range = (noise_min, noise_max)  # plain numbers: the weights a checkpoint holds do not change
+        self._scales: dict[tuple[int, torch.device], Tensor] = {}  # made once per (envs, device): no copy per step
 
     @torch.no_grad()
     def act(self, obs: Array, deterministic: bool, generator: torch.Generator | None = None) -> Array:
@@ -131,7 +132,10 @@ class PerEnvNoisePolicy(DeterministicPolicy):
         action = self(acting_input(obs))
         if deterministic or self.noise_range[1] == 0:
             return as_given(action, obs)
-        scales = spread_noise_scales(action.shape[0], *self.noise_range).to(action.device)
+        key = (action.shape[0], action.device)
+        if key not in self._scales:
+            self._scales[key] = spread_noise_scales(action.shape[0], *self.noise_range).to(action.device)
+        scales = self._scales[key]
         noise = torch.randn(action.shape, generator=generator, dtype=action.dtype, device=action.device)
         return as_given((action + scales * noise).clamp(-1.0, 1.0), obs)
 
