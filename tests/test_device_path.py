@@ -2,7 +2,8 @@
 (aa_ray/runtime/device_replay.py, device_learner.py, device_loop.py). On the CPU here, with PointReach,
 aa-ray's own torch batched task: the ring's n-step windows against a hand-computed case, that an
 iteration copies no observation, action or transition to the host and reads the host once, a
-bit-exact resume, two learner processes over gloo kept in step, and a short learning run."""
+bit-exact resume, two learner processes over gloo kept in step. Learning in device mode is
+tests/test_learning_fast_recipes.py's (FastTD3 on 1024 copies, specs/fasttd3_point_reach.yaml)."""
 
 from __future__ import annotations
 
@@ -352,22 +353,3 @@ def test_two_device_learners_over_gloo_stay_in_step() -> None:
 
 
 # ---- learning -----------------------------------------------------------------------------------------
-@pytest.mark.learning
-def test_sac_learns_point_reach_in_device_mode() -> None:
-    """64 copies of PointReach, SAC with 3-step returns, env, ring and learner in one process: within 60k
-    env steps (about 15 s on one core) the point reaches its target (the untrained policy ends about 1.0
-    away; solved is under 0.05)."""
-    torch.set_num_threads(1)
-    spec = validate_spec(raw_spec(
-        runners__envs_per_runner=64, env__max_episode_steps=50, algo__warm_up_steps=1000, algo__buffer_size=200_000,
-        algo__batch_size=256, algo__actor_hidden_dims=[64, 64], algo__critic_hidden_dims=[64, 64],
-        algo__normalize_reward=False,
-    ))
-    shell = InlineActors().start(DeviceLearner, spec, *env_dims(spec), 0, bundle=0, num_cpus=1.0, torch_threads=1)
-    graph = SimpleNamespace(learners=[shell], runners=[], replay=None, replay_size=0)
-    loop, env_steps = DeviceLoop(spec, graph, env_steps=0), 0
-    before = shell.instance.evaluate(64)["eval/distance"]
-    while env_steps < 60_000:
-        env_steps += loop.step().env_steps
-    after = shell.instance.evaluate(64)
-    assert before > 0.7 and after["eval/distance"] < 0.1, (before, after)
