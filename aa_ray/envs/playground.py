@@ -145,21 +145,32 @@ def observation_space(observation_size: Any) -> gym.Space:
 
 @dataclass(frozen=True)
 class Programs:
-    """The jitted JAX programs of one task: `reset(key, num_envs)` -> (state, steps, key, obs) and
-    `step(state, steps, key, action, limit)` -> (state, steps, key, outputs)."""
+    """The jitted JAX programs of one task, for any number of copies:
+    - `reset(key, num_envs)` -> (state, steps, key, obs): the batched `State`, step counters, next key,
+      the observations laid out flat;
+    - `step(leaves, steps, key, action, limit, structure)` -> (leaves, steps, key, packed, info): the
+      State travels as its list of arrays (`structure`, its treedef, rebuilds it inside the program),
+      because flattening MJX's dataclasses in Python on every call cost more than a 64-copy step of
+      CartpoleBalance; `packed` holds each copy's row [obs | next_obs | reward | terminated |
+      truncated] (float32), one array to hand to torch instead of five."""
 
     reset: Callable[..., Any]
     step: Callable[..., Any]
 
 
+def packed_columns(features: int) -> dict[str, slice | int]:
+    """Where each output sits in a row of the step program's packed array."""
+    return {"obs": slice(0, features), "next_obs": slice(features, 2 * features), "reward": 2 * features,
+            "terminated": 2 * features + 1, "truncated": 2 * features + 2}
+
+
 def build_programs(task: PlaygroundTask, layout_keys: tuple[str, ...] | None) -> Programs:
     """Reset and step of all copies, with the time limit (`limit`, a step count) and same-step
-    autoreset, as jitted programs.
+    autoreset, as jitted programs (`Programs`).
 
-    The step's outputs: the observations to act on (fresh starts where an episode ended), this
-    step's true next observations (the final ones there), rewards, terminated, truncated, and every
-    value the task reports per copy in its `metrics` and `info` (metrics first where a key is in
-    both), all float32 or bool arrays of N rows."""
+    A step's outputs: the observations to act on (fresh starts where an episode ended), this step's
+    true next observations (the final ones there), rewards, terminated, truncated, and every value
+    the task reports per copy in its `metrics` and `info` (metrics win a key in both), as float32."""
     jax = _import_jax()
     import jax.numpy as jnp
 
@@ -176,7 +187,8 @@ def build_programs(task: PlaygroundTask, layout_keys: tuple[str, ...] | None) ->
         state = batched_reset(jax.random.split(starts, num_envs))
         return state, jnp.zeros(num_envs, dtype=jnp.int32), key, flat(state.obs)
 
-    def step(state: Any, steps: Any, key: Any, action: Any, limit: Any) -> tuple[Any, ...]:
+    def step(leaves: list[Any], steps: Any, key: Any, action: Any, limit: Any, structure: Any) -> tuple[Any, ...]:
+        state = jax.tree.unflatten(structure, leaves)
         num_envs = steps.shape[0]
         action = jnp.clip(action, -1.0, 1.0)
         stepped = batched_step(state, action)
@@ -205,10 +217,12 @@ def build_programs(task: PlaygroundTask, layout_keys: tuple[str, ...] | None) ->
             for name, value in (source.items() if isinstance(source, Mapping) else ()):
                 if getattr(value, "shape", None) == (num_envs,) and jnp.issubdtype(value.dtype, jnp.number):
                     info[name] = value.astype(jnp.float32)
-        outputs = (flat(next_state.obs), flat(stepped.obs), reward.astype(jnp.float32), terminated, truncated, info)
-        return next_state, jnp.where(done, 0, steps), key, outputs
+        columns = [reward, terminated, truncated]
+        packed = jnp.concatenate([flat(next_state.obs), flat(stepped.obs),
+                                  jnp.stack([c.astype(jnp.float32) for c in columns], axis=-1)], axis=-1)
+        return jax.tree.leaves(next_state), jnp.where(done, 0, steps), key, packed, info
 
-    return Programs(reset=jax.jit(reset, static_argnums=1), step=jax.jit(step))
+    return Programs(reset=jax.jit(reset, static_argnums=1), step=jax.jit(step, static_argnums=5))
 
 
 @lru_cache(maxsize=8)
@@ -287,7 +301,10 @@ class PlaygroundAdapter(_Adapter):
         self.episode_steps = int(episode_steps)
         self._limit = self.jax.device_put(np.int32(self.episode_steps), self.jax_device)
         self._all_valid = torch.ones(num_envs, dtype=torch.bool, device=device)
-        self._state: Any = None  # the batched State, step counters and PRNG key, after the first reset
+        self._columns = packed_columns(self.obs_dims.full)
+        # after the first reset: the batched State as its arrays and treedef, the step counters, the PRNG key
+        self._leaves: list[Any] | None = None
+        self._structure: Any = None
         self._steps: Any = None
         self._key: Any = None
 
@@ -295,52 +312,50 @@ class PlaygroundAdapter(_Adapter):
         # the key PRNGKey(seed) makes with 64-bit JAX: without x64 (JAX's default) it would keep the seed's low
         # 32 bits only, and aa-ray's seeds are 64-bit words
         seed = int(seed) % 2**64
-        key = np.array([seed >> 32, seed & 0xFFFFFFFF], dtype=np.uint32)
-        key = self.jax.device_put(key, self.jax_device)
-        self._state, self._steps, self._key, obs = self.programs.reset(key, self.num_envs)
+        key = self.jax.device_put(np.array([seed >> 32, seed & 0xFFFFFFFF], dtype=np.uint32), self.jax_device)
+        state, self._steps, self._key, obs = self.programs.reset(key, self.num_envs)
+        self._leaves, self._structure = self.jax.tree.flatten(state)
         return self._torch(obs, "observations", self.obs_dims.full)
 
     def step(self, action: Tensor) -> BatchedStep:
-        if self._state is None:
+        if self._leaves is None:
             raise RuntimeError(f"{self.label!r}: step before reset")
         self._check_rows("actions", tuple(action.shape), self.act_dim)
         jax_action = self.jax.dlpack.from_dlpack(action.detach().to(self.device, torch.float32).contiguous())
-        self._state, self._steps, self._key, outputs = self.programs.step(
-            self._state, self._steps, self._key, jax_action, self._limit)
-        obs, next_obs, reward, terminated, truncated, info = outputs
-        done_rows = self._torch(terminated) | self._torch(truncated)
+        self._leaves, self._steps, self._key, packed, info = self.programs.step(
+            self._leaves, self._steps, self._key, jax_action, self._limit, self._structure)
+        rows = self._torch(packed, "steps", 2 * self.obs_dims.full + 3)
+        columns = self._columns
+        terminated, truncated = rows[:, columns["terminated"]] > 0.5, rows[:, columns["truncated"]] > 0.5
+        done = terminated | truncated
         return BatchedStep(
-            obs=self._torch(obs, "observations", self.obs_dims.full),
-            next_obs=self._torch(next_obs, "final observations", self.obs_dims.full),
-            reward=self._torch(reward, "rewards"), terminated=self._torch(terminated),
-            truncated=self._torch(truncated), valid=self._all_valid,
-            episode_info={key: (self._torch(info[key]), done_rows) for key in self.info_keys if key in info},
+            obs=rows[:, columns["obs"]], next_obs=rows[:, columns["next_obs"]], reward=rows[:, columns["reward"]],
+            terminated=terminated, truncated=truncated, valid=self._all_valid,
+            episode_info={key: (self._torch(info[key]), done) for key in self.info_keys if key in info},
         )
 
     def state(self) -> dict[str, Any] | None:
-        if self._state is None:
+        if self._leaves is None:
             return None
-        return {"task": self.label, "num_envs": self.num_envs,
-                "leaves": [_host_tensor(leaf) for leaf in self.jax.tree.leaves(self._state)],
+        return {"task": self.label, "num_envs": self.num_envs, "leaves": [_host_tensor(leaf) for leaf in self._leaves],
                 "steps": _host_tensor(self._steps), "key": _host_tensor(self._key)}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        if self._state is None:  # the structure to fill comes from a reset's
+        if self._leaves is None:  # the structure to fill comes from a reset's
             self.reset(0)
-        current, structure = self.jax.tree.flatten(self._state)
         saved = state["leaves"]
-        if state.get("task") != self.label or state.get("num_envs") != self.num_envs or len(saved) != len(current):
+        if (state.get("task") != self.label or state.get("num_envs") != self.num_envs
+                or len(saved) != len(self._leaves)):
             raise ValueError(
                 f"a Playground state of {state.get('task')!r} with {state.get('num_envs')} envs cannot be loaded "
                 f"into {self.label!r} with {self.num_envs}; resume with the same task and number of envs"
             )
-        restored = [self._jax_array(value, now) for value, now in zip(saved, current, strict=True)]
-        self._state = self.jax.tree.unflatten(structure, restored)
+        self._leaves = [self._jax_array(value, now) for value, now in zip(saved, self._leaves, strict=True)]
         self._steps = self._jax_array(state["steps"], self._steps)
         self._key = self._jax_array(state["key"], self._key)
 
     def close(self) -> None:
-        self._state = self._steps = self._key = None
+        self._leaves = self._structure = self._steps = self._key = None
 
     def _jax_array(self, saved: Any, like: Any) -> Any:
         array = saved.numpy() if isinstance(saved, Tensor) else np.asarray(saved)
