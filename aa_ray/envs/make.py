@@ -14,7 +14,6 @@ import mujoco
 import numpy as np
 
 from aa_ray.envs.batched import BatchedEnv, BatchedEnvError
-from aa_ray.envs.batched import make_batched_env as adapted_batched_env
 from aa_ray.envs.info_metrics import tracked_info_keys
 from aa_ray.envs.obs_groups import GroupedObservations, ObsLayoutError, obs_layout
 from aa_ray.envs.source import EnvSourceError, make_target, prepare, resolve_entry_point
@@ -67,8 +66,14 @@ def make_batched_env(spec: ExperimentSpec, num_envs: int, show_model_warnings: b
     groups laid out for the spec's actor_obs / critic_obs); errors as `make_vector_env`."""
     env = spec.env
     target = resolve_entry_point(env.entry_point, env) if env.entry_point is not None else env.id
+    if env.batched == "playground":  # builds on envs/batched.py, so that module cannot name it
+        from aa_ray.envs.playground import make_playground_env as adapted_batched_env
+    else:
+        from aa_ray.envs.batched import make_batched_env
+
+        adapted_batched_env = partial(make_batched_env, env.batched)
     return _made(spec, lambda: adapted_batched_env(
-        env.batched, target, num_envs, env.device, actor_obs=spec.algo.actor_obs,
+        target, num_envs, env.device, actor_obs=spec.algo.actor_obs,
         critic_obs=spec.algo.critic_obs, info_metrics=spec.eval.info_metrics, **env_kwargs(spec),
     ), show_model_warnings)
 

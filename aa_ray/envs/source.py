@@ -131,8 +131,8 @@ def prepare(env: EnvSource) -> None:
     if env.entry_point is not None:
         resolve_entry_point(env.entry_point, env)
         return
-    if getattr(env, "batched", None) == "envpool":
-        return  # EnvPool's own task ids: the adapter checks the id against EnvPool's list
+    if getattr(env, "batched", None) in ("envpool", "playground"):
+        return  # EnvPool's and Playground's own task ids: the adapter checks the id against their lists
     if getattr(env, "batched", None) == "torch":
         raise EnvSourceError(
             "env.batched: torch calls the env's class or creator itself: name it in env.entry_point "
