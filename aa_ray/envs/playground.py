@@ -4,17 +4,20 @@
 `CartpoleBalance`) or builds one from an `env.entry_point` returning an `MjxEnv`, and steps N copies
 in one jitted JAX program: the task's `step` vmapped over the copies, the time limit, and a reset
 of the copies whose episode ended in that same call (same-step autoreset; the true final
-observation is kept beside the fresh one). Observations (flat, or a Dict of groups such as
-`state` / `privileged_state` laid out for the spec's actor_obs / critic_obs inside the program),
-rewards and flags cross to torch through DLPack: on the CPU and on a GPU the torch tensor is a view
-of JAX's buffer, no copy (a JAX GPU array and a CUDA tensor on the same device likewise).
+observation is kept beside the fresh one). A step's observations (flat, or a Dict of groups such
+as `state` / `privileged_state` laid out for the spec's actor_obs / critic_obs inside the program),
+final observations, rewards and flags come back as one array that crosses to torch through DLPack
+without a copy: on the CPU the tensor's data pointer is JAX's buffer (checked); a CUDA tensor of a
+JAX GPU array is the same buffer by DLPack's contract (not run here: no GPU). Actions go the other
+way through DLPack on a GPU; on the CPU the jitted call copies them from their numpy view, which is
+cheaper than JAX's DLPack import for N x act_dim floats.
 
 jax and mujoco_playground are imported when an adapter is made, so aa-ray imports without them
-(`pip install aa-ray[playground]`). Compiling the programs takes tens of seconds on a CPU (about 15 s
-for each of reset and step of CartpoleBalance on 2 cores); they are compiled once per task, options,
-number of copies and device in a process, and every adapter with the same ones shares them (the
-time limit is an argument of the step program, not part of it, so an eval env with another limit
-shares them too).
+(`pip install aa-ray[playground]`). Compiling takes seconds to a minute on a CPU (CartpoleBalance on
+2 cores: about 4 s for reset and 7 s for step; CheetahRun's contacts about a minute); the programs
+are built once per task, options, layout and device in a process, compiled once per number of
+copies, and every adapter with the same ones shares them (the time limit is an argument of the step
+program, not part of it, so an eval env with another limit shares them too).
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ def _import_jax() -> Any:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_use_fusion_emitters=false".strip()
     try:
         import jax
-        from mujoco_playground import registry  # noqa: F401  (imported here so that a missing one is told once)
+        from mujoco_playground import registry  # noqa: F401  (a missing Playground is told here, with the hint)
     except ImportError as err:
         raise BatchedEnvError(
             f"env.batched: playground needs jax and mujoco_playground, which do not import here ({err}); "
@@ -263,11 +266,11 @@ class PlaygroundAdapter(_Adapter):
 
     - `reset(seed)`: a JAX PRNG key from `seed`, split into one start per copy, so a seed always
       gives the same starts; the key then drives every later reset.
-    - `step`: actions (N, act_dim) in [-1, 1] (Playground's bounds) handed to JAX through DLPack;
-      every row is a real transition (`valid` all True), `next_obs` the final observation where an
-      episode ended and `obs` the fresh start there; episodes truncate at `max_episode_steps` (the
-      spec's `env.max_episode_steps`, else the task's `episode_length`). A task's own `done` (e.g.
-      a NaN state) is `terminated`.
+    - `step`: actions (N, act_dim) in [-1, 1] (Playground's bounds, clipped to them); every row is a
+      real transition (`valid` all True), `next_obs` the final observation where an episode ended and
+      `obs` the fresh start there; episodes truncate at `max_episode_steps` (the spec's
+      `env.max_episode_steps`, else the task's `episode_length`). A task's own `done` (e.g. a NaN
+      state) is `terminated`.
     - `episode_info`: the tracked info keys (`eval.info_metrics`, e.g. `reward/upright`) the task
       reports per copy in its `metrics` or `info`, at the rows that ended.
     - `state()`: the whole JAX state (the batched `State`, step counters, PRNG key) as CPU tensors
