@@ -33,7 +33,9 @@ Sources (`make_batched_env(source, ...)`, the spec's `env.batched`):
 - `gymnasium`: any `gymnasium.vector.VectorEnv` with numpy arrays, in any of gymnasium 1.x's three
   autoreset modes (`VectorEnvAdapter`);
 - `envpool`: EnvPool's C++ batched tasks, an optional extra (`EnvPoolAdapter`);
-- `playground`: MuJoCo Playground is not adapted yet; naming it is refused with a message.
+- `playground`: MuJoCo Playground's MJX tasks on JAX, an optional extra: `aa_ray.envs.playground`
+  (`PlaygroundAdapter`, `make_playground_env`), which builds on this module, so `make_batched_env`
+  here refuses the name and `aa_ray.envs.make` routes it there.
 """
 
 from __future__ import annotations
@@ -123,7 +125,7 @@ def make_batched_env(source: str, target: str | Callable[..., Any], num_envs: in
       on `device`;
     - `envpool`: `target` is the task id (gymnasium's MuJoCo ids are EnvPool's: `HalfCheetah-v5`),
       `kwargs` EnvPool's own options (`num_threads`, `max_episode_steps`, ...);
-    - `playground`: refused for now.
+    - `playground`: refused here; `aa_ray.envs.playground.make_playground_env` takes the same arguments.
 
     `actor_obs` / `critic_obs` (the spec's `algo.actor_obs` / `algo.critic_obs`) lay a Dict of
     observation groups out as `obs_groups.obs_layout` does. `info_metrics` (the spec's
