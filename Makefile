@@ -8,6 +8,9 @@ run: setup
 	.venv/bin/aa-ray run specs/sac_simba.yaml
 
 test: setup
+	# the optional env sources the tests cover, added to the set-up venv (resolved on their own, in about a
+	# minute; together with the rest pip backtracks for minutes)
+	.venv/bin/python -m pip install --quiet -e ".[playground]"
 	.venv/bin/ruff check .
 	.venv/bin/pytest
 

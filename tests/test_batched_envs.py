@@ -347,7 +347,7 @@ def test_envpool_missing_says_what_to_install(monkeypatch):
 
 @pytest.mark.parametrize(("source", "target", "kwargs", "message"), [
     ("mujoco", PointReach, {}, "env.batched: unknown source 'mujoco'; choose one of torch, gymnasium"),
-    ("playground", "CartpoleBalance", {}, "env.batched: playground .* not supported yet"),
+    ("playground", "CartpoleBalance", {}, "env.batched: playground tasks are made by .*make_playground_env"),
     ("torch", PointReach, {"num_envs": 0}, "must be a positive integer"),
     ("torch", batched_envs.NoStep, {}, "env.entry_point: .*NoStep.* has no step"),
     ("torch", batched_envs.UnboundedReach, {}, "env.entry_point: .*unbounded actions.*declare finite ones"),

@@ -162,7 +162,8 @@ def make_batched_env(source: str, target: str | Callable[..., Any], num_envs: in
         return EnvPoolAdapter(target, num_envs, device, envpool_options=kwargs, **options)
     if source == "playground":
         raise BatchedEnvError(
-            "env.batched: playground (MuJoCo Playground) is not supported yet; use torch, gymnasium or envpool."
+            "env.batched: playground tasks are made by aa_ray.envs.playground.make_playground_env, which takes "
+            "the same arguments (a spec's env.batched: playground goes there through aa_ray.envs.make)"
         )
     raise BatchedEnvError(f"env.batched: unknown source {source!r}; choose one of {', '.join(SOURCES)}.")
 
