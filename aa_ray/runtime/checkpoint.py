@@ -222,7 +222,17 @@ def env_algo_differences(spec: ExperimentSpec, payload: dict[str, Any]) -> dict[
     saved = flatten({k: stored[k] for k in _MUST_MATCH})
     wanted = flatten({k: spec_to_dict(spec)[k] for k in _MUST_MATCH})
     return {key: (saved.get(key), wanted.get(key)) for key in sorted(set(saved) | set(wanted))
-            if saved.get(key) != wanted.get(key)}
+            if saved.get(key) != wanted.get(key) and not (key not in saved and _is_default(spec, key, wanted[key]))}
+
+
+def _is_default(spec: ExperimentSpec, key: str, value: Any) -> bool:
+    """Whether `value` is the default of the spec field `key` (section.field): a field added after a
+    checkpoint was written (env.batched, env.device) is absent from it, and its default changes nothing."""
+    section, _, name = key.partition(".")
+    field = type(getattr(spec, section)).model_fields.get(name)
+    if field is None or field.is_required():
+        return False
+    return value == field.get_default(call_default_factory=True)
 
 
 def check_compatible(spec: ExperimentSpec, payload: dict[str, Any]) -> None:
