@@ -25,7 +25,14 @@ from aa_ray.envs.make import make_batched_env
 from aa_ray.nets.policy import ObsDims, to_bounds
 from aa_ray.records import ChunkStats, RolloutChunk, Transitions
 from aa_ray.runtime.metrics import RunMetrics, run_tag
-from aa_ray.runtime.tensor_steps import EpisodeCounters, FirstEpisodes, MomentSums, TensorNStep, on_host
+from aa_ray.runtime.tensor_steps import (
+    EpisodeCounters,
+    FirstEpisodes,
+    MomentSums,
+    TensorNStep,
+    cpu_copies,
+    on_host,
+)
 from aa_ray.spec.experiment import ExperimentSpec
 
 NO_VIDEO = "eval video skipped: a batched env (env.batched) renders no frames here; set eval.video: false"
@@ -172,12 +179,12 @@ class BatchedRunner:
         """What the next `sample` depends on: generators, the current observations, episode and n-step
         state, and the env's own state where its source can give one (`env` None: episodes restart on
         resume, and `env_restarts` says so)."""
-        env_state = self.envs.state()
+        env_state = cpu_copies(self.envs.state())  # a GPU env's state loads on any machine
         return {
             "kind": "batched",
             "warm_up_rng": self.warm_up.get_state(),
             "torch_rng": self.generator.get_state(),
-            "obs": self.obs.cpu(),
+            "obs": cpu_copies(self.obs),  # copies: the env may write its observations in place
             "episodes": self.episodes.state(),
             "nstep": self.nstep.state(),
             "env": env_state,

@@ -39,7 +39,14 @@ from aa_ray.nets.policy import ObsDims, to_bounds
 from aa_ray.records import ChunkStats, DeviceSample, LearnerReport, NormMoments
 from aa_ray.runtime.device_replay import DeviceReplay
 from aa_ray.runtime.learner import Learner
-from aa_ray.runtime.tensor_steps import NO_OBS_MOMENTS, NO_RETURN_MOMENTS, EpisodeCounters, FirstEpisodes, MomentSums
+from aa_ray.runtime.tensor_steps import (
+    NO_OBS_MOMENTS,
+    NO_RETURN_MOMENTS,
+    EpisodeCounters,
+    FirstEpisodes,
+    MomentSums,
+    cpu_copies,
+)
 from aa_ray.spec.experiment import ExperimentSpec
 
 
@@ -208,7 +215,7 @@ class DeviceLearner:
         env_state = self.envs.state()
         return {
             "num_envs": self.num_envs,
-            "env": _to_cpu(env_state),
+            "env": cpu_copies(env_state),
             "env_restarts": env_state is None,
             "obs": self.obs.to("cpu", copy=True),
             "episodes": self.episodes.state(),
@@ -251,14 +258,3 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
         return True
     current = torch.cuda.current_device()
     return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
-
-
-def _to_cpu(tree: Any) -> Any:
-    """CPU copies (also of CPU tensors: the env goes on changing after a checkpoint is taken)."""
-    if isinstance(tree, Tensor):
-        return tree.detach().to("cpu", copy=True)
-    if isinstance(tree, dict):
-        return {key: _to_cpu(value) for key, value in tree.items()}
-    if isinstance(tree, list | tuple):
-        return type(tree)(_to_cpu(value) for value in tree)
-    return tree

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -160,6 +161,17 @@ class MomentSums:
         )
 
 
+def cpu_copies(tree: Any) -> Any:
+    """CPU copies (also of CPU tensors: the env goes on changing after a checkpoint is taken)."""
+    if isinstance(tree, Tensor):
+        return tree.detach().to("cpu", copy=True)
+    if isinstance(tree, dict):
+        return {key: cpu_copies(value) for key, value in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(cpu_copies(value) for value in tree)
+    return tree
+
+
 def on_host(moments: NormMoments) -> NormMoments:
     """`MomentSums.merged`'s moments as host numbers (numpy arrays, floats), for a runner's chunk stats,
     which travel to the learners in other processes."""
@@ -252,7 +264,7 @@ class TensorNStep:
                 "discount": self.gamma ** length.to(first["reward"].dtype)}
 
     def state(self) -> list[dict[str, Tensor]]:
-        return [{k: v.cpu() for k, v in row.items()} for row in self.window]
+        return cpu_copies(list(self.window))
 
     def load_state(self, rows: list[dict[str, Tensor]], device: torch.device) -> None:
         self.window = deque({k: v.to(device) for k, v in row.items()} for row in rows)
