@@ -17,6 +17,7 @@ A family owns:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -61,35 +62,24 @@ class OffPolicy:
     def learn(self, learner: LearnerView, cfg: Any,
               data: Sequence[ReplaySample | PackedTransitions | Transitions | DeviceSample]) -> Learned:
         (sample,) = data
-        if isinstance(sample, DeviceSample):  # runtime.mode device: already batches on this learner's device
-            return self._learn_on_device(learner, cfg, sample)
-        transitions = sample.transitions if isinstance(sample, ReplaySample) else sample
-        if learner.mirror is not None:  # algo.sym_aug: the learner alone sees mirrored data
-            unpacked = transitions.unpack() if isinstance(transitions, PackedTransitions) else transitions
-            transitions = augment(unpacked, learner.mirror)
-        rows, utd = transitions.rows, cfg.utd_ratio
+        if isinstance(sample, DeviceSample):  # runtime.mode device: batches drawn on this learner's device
+            rows, fleet_steps = sample.rows, sample.fleet_steps  # (the spec refuses sym_aug there)
+        else:
+            transitions = sample.transitions if isinstance(sample, ReplaySample) else sample
+            if learner.mirror is not None:  # algo.sym_aug: the learner alone sees mirrored data
+                unpacked = transitions.unpack() if isinstance(transitions, PackedTransitions) else transitions
+                transitions = augment(unpacked, learner.mirror)
+            rows, fleet_steps = transitions.rows, partial(learner.batches, transitions)
+        utd = cfg.utd_ratio
         if rows % utd:
             raise ValueError(
                 f"the learner was given {rows} batches, not a whole number of fleet steps of "
                 f"algo.utd_ratio={utd} batches each; the replay sample must be train_every x utd_ratio batches"
             )
         diagnostics: dict[str, Any] = {}
-        for fleet_step in learner.batches(transitions, utd):
+        for fleet_step in fleet_steps(utd):
             diagnostics = learner.algo.update(fleet_step)
         return Learned(diagnostics, rows)
-
-    @staticmethod
-    def _learn_on_device(learner: LearnerView, cfg: Any, sample: DeviceSample) -> Learned:
-        """The spec refuses sym_aug in runtime.mode device, so the batches go to the updates as drawn."""
-        if sample.rows % cfg.utd_ratio:
-            raise ValueError(
-                f"the learner was given {sample.rows} batches, not a whole number of fleet steps of "
-                f"algo.utd_ratio={cfg.utd_ratio} batches each"
-            )
-        diagnostics: dict[str, Any] = {}
-        for fleet_step in sample.fleet_steps(cfg.utd_ratio):
-            diagnostics = learner.algo.update(fleet_step)
-        return Learned(diagnostics, sample.rows)
 
 
 class OnPolicy:
