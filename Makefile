@@ -7,9 +7,9 @@ setup:
 run: setup
 	.venv/bin/aa-ray run specs/sac_simba.yaml
 
+# test also installs the optional env sources the tests cover (the envpool extra comes with dev); the
+# playground extra is resolved on its own, in about a minute: together with the rest pip backtracks for minutes
 test: setup
-	# the optional env sources the tests cover, added to the set-up venv (resolved on their own, in about a
-	# minute; together with the rest pip backtracks for minutes)
 	.venv/bin/python -m pip install --quiet -e ".[playground]"
 	.venv/bin/ruff check .
 	.venv/bin/pytest
