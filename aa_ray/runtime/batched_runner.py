@@ -27,10 +27,10 @@ from aa_ray.records import ChunkStats, RolloutChunk, Transitions
 from aa_ray.runtime.metrics import RunMetrics, run_tag
 from aa_ray.runtime.tensor_steps import (
     EpisodeCounters,
-    FirstEpisodes,
     MomentSums,
     TensorNStep,
     cpu_copies,
+    evaluate_first_episodes,
     on_host,
 )
 from aa_ray.spec.experiment import ExperimentSpec
@@ -163,14 +163,7 @@ class BatchedRunner:
             if self.eval_envs is not None:
                 self.eval_envs.close()
             self.eval_envs = make_batched_env(self.spec, num_episodes, show_model_warnings=False)
-        envs = self.eval_envs
-        obs = envs.reset(seed=seeding.eval_env_seeds(self.spec.seed, 1)[0])
-        first = FirstEpisodes(num_episodes, envs.info_keys, envs.device)
-        while not bool(first.finished.all()):  # evaluation may read each step: it is not the training loop
-            step = envs.step(to_bounds(self.policy.act(obs, deterministic=True), envs.action_low, envs.action_high))
-            first.step(step)
-            obs = step.obs
-        return first.metrics()
+        return evaluate_first_episodes(self.policy, self.eval_envs, seeding.eval_env_seeds(self.spec.seed, 1)[0])
 
     def record_video(self, max_frames: int) -> tuple[bytes | None, str | None]:
         return None, NO_VIDEO

@@ -43,9 +43,9 @@ from aa_ray.runtime.tensor_steps import (
     NO_OBS_MOMENTS,
     NO_RETURN_MOMENTS,
     EpisodeCounters,
-    FirstEpisodes,
     MomentSums,
     cpu_copies,
+    evaluate_first_episodes,
 )
 from aa_ray.spec.experiment import ExperimentSpec
 
@@ -182,17 +182,7 @@ class DeviceLearner:
             if self.eval_envs is not None:
                 self.eval_envs.close()
             self.eval_envs = make_batched_env(self.spec, episodes, show_model_warnings=False)
-        envs = self.eval_envs
-        obs = envs.reset(seed=seeding.eval_env_seeds(self.spec.seed, 1)[0])
-        first = FirstEpisodes(episodes, envs.info_keys, self.device)
-        while True:
-            action = self.policy.act(obs, deterministic=True)
-            step = envs.step(to_bounds(action, envs.action_low, envs.action_high))
-            first.step(step)
-            obs = step.obs
-            if bool(first.finished.all()):  # evaluation may read each step: it is not the training loop
-                break
-        return first.metrics()
+        return evaluate_first_episodes(self.policy, self.eval_envs, seeding.eval_env_seeds(self.spec.seed, 1)[0])
 
     # ---- weights and checkpoints ------------------------------------------------------------------
     def policy_state(self) -> tuple[dict[str, Tensor], int]:

@@ -15,8 +15,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from aa_ray import metric_names as m
-from aa_ray.envs.batched import BatchedStep
+from aa_ray.envs.batched import BatchedEnv, BatchedStep
 from aa_ray.envs.info_metrics import metric_name
+from aa_ray.nets.policy import to_bounds
 from aa_ray.records import EpisodeStats, NormMoments
 
 EPISODES_READ = 256  # finished episodes per iteration read one by one (more than the driver's recent window)
@@ -268,3 +269,16 @@ class TensorNStep:
 
     def load_state(self, rows: list[dict[str, Tensor]], device: torch.device) -> None:
         self.window = deque({k: v.to(device) for k, v in row.items()} for row in rows)
+
+
+def evaluate_first_episodes(policy: Any, envs: BatchedEnv, seed: int) -> dict[str, float]:
+    """Each copy's first episode with the policy's deterministic actions, from `reset(seed)`: the
+    metrics of `EnvRunner.evaluate` (eval/return, eval/length, eval/<task metric>). Evaluation may
+    read the host each step (whether every episode ended): it is not the training loop."""
+    obs = envs.reset(seed=seed)
+    first = FirstEpisodes(envs.num_envs, envs.info_keys, envs.device)
+    while not bool(first.finished.all()):
+        step = envs.step(to_bounds(policy.act(obs, deterministic=True), envs.action_low, envs.action_high))
+        first.step(step)
+        obs = step.obs
+    return first.metrics()
