@@ -37,7 +37,7 @@ def _own_or_plugin_algo(value: Any, validate_own: ValidatorFunctionWrapHandler) 
     if isinstance(value, dict) and isinstance(value.get("name"), str) and value["name"] not in ALGORITHMS:
         entry, module = find_plugin(value["name"], value.get("plugin"))
         return entry.config.model_validate({**value, "plugin": module})
-    if isinstance(value, dict) and value.get("name") in ALGORITHMS and value.get("plugin") is not None:
+    if isinstance(value, dict) and isinstance(value.get("name"), str) and value.get("plugin") is not None:
         # the union would validate the section as aa-ray's own and keep the module name, unused
         raise ValueError(
             f"algo.plugin: names a module of your own algorithm, but algo.name {value['name']} is aa-ray's own, "
