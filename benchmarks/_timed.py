@@ -1,5 +1,6 @@
-"""Timing the aa-ray training loop from outside: a Trainer subclass that stamps every iteration,
-plus starting the embedded Ray once per benchmark process (so Ray's start-up is not timed).
+"""Timing the aa-ray training loop from outside: a listener on the Trainer's public `on_iteration`
+event that stamps every iteration, plus starting the embedded Ray once per benchmark process (so
+Ray's start-up is not timed).
 
 Throughput is measured over the *learning phase*: from the end of the iteration at which the
 env-step counter first reaches `warm_up_steps` to the end of the last iteration, minus the time
@@ -15,14 +16,15 @@ import math
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import ray
 from ray._private import ray_constants
 
+from aa_ray import metric_names as m
 from aa_ray.runtime.remote import TrainingError
-from aa_ray.runtime.trainer import Trainer
+from aa_ray.runtime.trainer import IterationDone, Trainer
 from aa_ray.spec.experiment import ExperimentSpec
 
 
@@ -59,52 +61,63 @@ def actor_niceness() -> int:
     return ray.get(nice.remote())
 
 
-class TimedTrainer(Trainer):
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        # (perf_counter after the iteration, env steps, seconds inside Learner.update that iteration)
-        self.stamps: list[tuple[float, int, float]] = []
-        self.eval_spans: list[tuple[float, float]] = []
-        self.log_spans: list[tuple[float, float]] = []  # time inside the tracker (MLflow) calls
-        self.cpu: list[float] = []  # this (driver) process's CPU time, all its threads, at each stamp
+class LoopClock:
+    """Listens to `Trainer.on_iteration` (the Trainer's public event) and keeps, per iteration, when
+    it ended, the env steps, the seconds inside `Learner.update`, in evaluation and in the tracker
+    (MLflow), and this (driver) process's CPU time, all its threads."""
 
-    def _log(self, metrics: dict[str, float], step: int) -> None:
-        start = time.perf_counter()
-        super()._log(metrics, step)  # MLflow (when tracking) is part of the iteration's time
-        end = time.perf_counter()
-        self.log_spans.append((start, end))
-        self.stamps.append((end, step, metrics.get("learner/update_time_s", 0.0)))
-        self.cpu.append(time.process_time())
+    def __init__(self) -> None:
+        self.stamps: list[Stamp] = []
 
-    def _evaluate(self) -> dict[str, float]:
-        start = time.perf_counter()
-        try:
-            return super()._evaluate()
-        finally:
-            self.eval_spans.append((start, time.perf_counter()))
+    def __call__(self, done: IterationDone) -> None:
+        metrics = done.metrics
+        self.stamps.append(Stamp(
+            done.ended_at, done.env_steps, metrics.get(m.LEARNER_UPDATE_TIME_S, 0.0),
+            metrics.get(f"time/{m.PHASE_EVAL}_s", 0.0), metrics.get(f"time/{m.PHASE_TRACKING}_s", 0.0),
+            time.process_time(),
+        ))
 
-    def learning_rate(self) -> dict[str, float]:
-        rate = learning_phase(self.stamps, self.spec.algo.warm_up_steps, self.eval_spans)
-        first = next(i for i, (_, s, _) in enumerate(self.stamps) if s >= self.spec.algo.warm_up_steps)
-        t0 = self.stamps[first][0]
-        rate["log_s"] = sum(e - b for b, e in self.log_spans if b >= t0)  # the driver's logging, in the window
-        rate["driver_cpu_s"] = self.cpu[-1] - self.cpu[first]  # includes evaluation and background threads
+    def learning_rate(self, warm_up: int) -> dict[str, float]:
+        rate = learning_phase(self.stamps, warm_up)
+        window = self.stamps[first_learning(self.stamps, warm_up):]
+        # the tracker's seconds reach the metrics one iteration late (logging comes after them), so
+        # the window's sum is its iterations' logging, shifted by one
+        rate["log_s"] = sum(stamp.tracking_s for stamp in window[1:])
+        rate["driver_cpu_s"] = window[-1].cpu_s - window[0].cpu_s  # includes evaluation and background threads
         return rate
 
 
-def learning_phase(stamps: Sequence[tuple[float, int, float]], warm_up: int,
-                   excluded: Sequence[tuple[float, float]] = ()) -> dict[str, float]:
-    """env steps/s between the first stamp with steps >= warm_up and the last stamp, with the
-    `excluded` (start, end) spans inside that window taken out. Also: the iterations in the
-    window and the seconds they spent inside `Learner.update` (as the learner measured them)."""
-    first = next(i for i, (_, s, _) in enumerate(stamps) if s >= warm_up)
-    t0, s0, _ = stamps[first]
-    t1, s1, _ = stamps[-1]
-    skipped = sum(min(e, t1) - max(b, t0) for b, e in excluded if e > t0 and b < t1)
-    seconds = t1 - t0 - skipped
+@dataclass(frozen=True)
+class Stamp:
+    ended_at: float  # perf_counter
+    env_steps: int
+    update_s: float
+    eval_s: float
+    tracking_s: float
+    cpu_s: float
+
+
+def first_learning(stamps: Sequence[Stamp], warm_up: int) -> int:
+    for index, stamp in enumerate(stamps):
+        if stamp.env_steps >= warm_up:
+            return index
+    raise ValueError(f"no iteration reached the warm-up ({warm_up} env steps) in {len(stamps)} iterations: "
+                     "the Trainer's on_iteration event did not fire, or the budget is below the warm-up")
+
+
+def learning_phase(stamps: Sequence[Stamp], warm_up: int) -> dict[str, float]:
+    """env steps/s between the end of the first iteration with steps >= warm_up and the end of the
+    last one, with the evaluations inside that window taken out. Also: the iterations in the window
+    and the seconds they spent inside `Learner.update` (as the learner measured them)."""
+    first = first_learning(stamps, warm_up)
+    if first == len(stamps) - 1:
+        raise ValueError("the learning phase is empty: raise the budget above the warm-up by an iteration or more")
+    window = stamps[first + 1:]
+    seconds = stamps[-1].ended_at - stamps[first].ended_at - sum(stamp.eval_s for stamp in window)
+    steps = stamps[-1].env_steps - stamps[first].env_steps
     return {
-        "steps": s1 - s0, "seconds": seconds, "steps_per_s": (s1 - s0) / seconds,
-        "iterations": len(stamps) - 1 - first, "update_s": sum(u for _, _, u in stamps[first + 1 :]),
+        "steps": steps, "seconds": seconds, "steps_per_s": steps / seconds,
+        "iterations": len(window), "update_s": sum(stamp.update_s for stamp in window),
     }
 
 
@@ -134,7 +147,9 @@ def run_timed(spec: ExperimentSpec, track: bool, quiet: bool = True, retries: in
     went away (something on the machine ran `ray stop`, which stops every Ray instance there),
     Ray is restarted and the run repeated, up to `retries` times."""
     for attempt in range(retries + 1):
-        trainer = TimedTrainer(spec, live=False, track=track)
+        trainer = Trainer(spec, live=False, track=track)
+        clock = LoopClock()
+        trainer.on_iteration.append(clock)
         start = time.perf_counter()
         try:
             with contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext():
@@ -146,7 +161,7 @@ def run_timed(spec: ExperimentSpec, track: bool, quiet: bool = True, retries: in
             restart_ray(spec)
             continue
         total = time.perf_counter() - start
-        return {**trainer.learning_rate(), "run_wall_s": total}
+        return {**clock.learning_rate(spec.algo.warm_up_steps), "run_wall_s": total}
     raise AssertionError("unreachable")
 
 

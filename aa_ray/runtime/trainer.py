@@ -40,7 +40,9 @@ learning still starts once `warm_up_steps` online transitions are stored (`loops
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -83,6 +85,19 @@ if TYPE_CHECKING:
 Reporter = Callable[[dict[str, float], Path | None], bool | None]
 
 
+@dataclass(frozen=True)
+class IterationDone:
+    """One iteration over (logged, evaluated and checkpointed when due), as `Trainer.on_iteration`'s
+    listeners hear it; benchmarks time the training loop with it. A listener runs on the driver
+    between two iterations, so whatever it does is part of the run's time."""
+
+    env_steps: int  # the run's env steps after this iteration
+    learned: bool  # a learner update came back with it (the first such iteration: learning started)
+    ended_at: float  # time.perf_counter() at its end
+    metrics: Mapping[str, float]  # what was logged for it; time/<phase>_s holds the driver's phases
+    checkpoint: Path | None  # the checkpoint written at its end, if one was
+
+
 class Trainer:
     def __init__(
         self,
@@ -120,6 +135,7 @@ class Trainer:
         self.recovery: Recovery | None = None
         self.last_metrics: dict[str, float] = {}
         self.video_unavailable = False  # set once rendering failed (eval.video)
+        self.on_iteration: list[Callable[[IterationDone], None]] = []  # told at the end of every iteration
 
     @property
     def reports(self) -> bool:
@@ -248,6 +264,9 @@ class Trainer:
         checkpoint = self.save_checkpoint(f"step_{env_steps:09d}") if outcome.checkpoint else None
         if checkpoint is not None:
             self.record.message(f"checkpoint: {checkpoint}")
+        done = IterationDone(env_steps, it.learner is not None, time.perf_counter(), metrics, checkpoint)
+        for listener in self.on_iteration:
+            listener(done)
         if outcome.report and self.reporter(metrics, checkpoint):
             return STOPPED_BY_CALLBACK
         if self.stop_signals.received and outcome.stop_reason is None:
