@@ -27,6 +27,34 @@ import numpy as np
 import torch
 from torch import Tensor
 
+
+class ObsDims(NamedTuple):
+    """Observation features: all of them (`full`: what replay stores and the critic reads) and the
+    leading `actor` of them that the actor reads (fewer with grouped observations, where the critic
+    also sees privileged keys: `aa_ray.envs.obs_groups`). `groups` names each key's features in
+    order, empty for a flat Box."""
+
+    actor: int
+    full: int
+    groups: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def actor_keys(self) -> tuple[str, ...]:
+        """The Dict keys the actor reads: the leading groups, `actor` features in all."""
+        keys, features = [], 0
+        for key, dim in self.groups:
+            if features == self.actor:
+                break
+            keys.append(key)
+            features += dim
+        return tuple(keys)
+
+    @classmethod
+    def of(cls, obs: ObsDims | int) -> ObsDims:
+        """A flat Box's dims from its size (tests and tools pass an int)."""
+        return obs if isinstance(obs, ObsDims) else cls(obs, obs)
+
+
 # (count, mean, var) of raw observations, as the env runners measure them; (0, None, None) if none
 ObsMoments = tuple[int, Any, Any]
 # (count, mean, var, max |G|) of the raw discounted returns G the env runners track
@@ -280,3 +308,9 @@ class LearnerReport:
     # values the caller asked to have read in the same transfer as the metrics (`Learner.update`'s
     # `also_read`: runtime.mode device's counts and episodes), in its order; empty otherwise
     read_with: list[float] = field(default_factory=list)
+
+
+def prior_rows(batch_size: int, ratio: float) -> int:
+    """RLPD: how many of a batch's rows come from the prior dataset (they come first); the replay
+    buffer draws them and the algorithms' diagnostics read them by this one count."""
+    return round(ratio * batch_size)

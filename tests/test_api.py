@@ -21,7 +21,8 @@ from mlflow.tracking import MlflowClient
 
 from aa_ray import cli
 from aa_ray.api import Experiment, Report, load_policy
-from aa_ray.spec.loader import SpecError, load_spec
+from aa_ray.errors import SpecError
+from aa_ray.spec.loader import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT / "specs"

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 from aa_ray import metric_names as m
+from aa_ray.errors import SpecError
 from aa_ray.runtime.cadence import BUDGET, TARGET_REACHED, Cadence
 from aa_ray.runtime.health import HealthChecks
 from aa_ray.runtime.remote import TrainingError
 from aa_ray.runtime.trainer import Trainer
-from aa_ray.spec.loader import SpecError, apply_overrides, load_spec, read_yaml, validate_spec
+from aa_ray.spec.loader import apply_overrides, load_spec, read_yaml, validate_spec
 from aa_ray.spec.local_checks import check_stop_metric
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 import torch
 
+from aa_ray.errors import SpecError
 from aa_ray.nets.batch_renorm import BatchRenorm, RenormSettings
 from aa_ray.runtime.env_runner import EnvRunner
 from aa_ray.runtime.learner import Learner
 from aa_ray.runtime.replay import ReplayBuffer
-from aa_ray.spec.loader import SpecError, load_spec
+from aa_ray.spec.loader import load_spec
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 SMALL = ["tracking.enabled=false", "algo.actor_hidden_dims=[32,32]", "algo.critic_hidden_dims=[32,32]",

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from aa_ray.envs import env_dims
+from aa_ray.errors import SpecError
 from aa_ray.runtime.env_runner import EnvRunner
-from aa_ray.spec.loader import SpecError, validate_spec
+from aa_ray.spec.loader import validate_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 

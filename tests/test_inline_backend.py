@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from aa_ray.errors import SpecError
 from aa_ray.runtime.checkpoint import load_checkpoint
 from aa_ray.runtime.env_runner import EnvRunner
 from aa_ray.runtime.remote import TrainingError
 from aa_ray.runtime.trainer import Trainer
-from aa_ray.spec.loader import SpecError, load_spec
+from aa_ray.spec.loader import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 PENDULUM = ROOT / "specs" / "sac_pendulum.yaml"

@@ -8,12 +8,15 @@ import pytest
 import torch
 
 from aa_ray.algos.contract import TrainingSetup
+from aa_ray.algos.gradient_step import GradientStep
 from aa_ray.algos.losses import bee_target, expectile_loss, rlpd_diagnostics, td_loss
+from aa_ray.algos.normalizers import RewardNormalizer
+from aa_ray.algos.optimizers import make_optimizer
 from aa_ray.algos.sac import SAC, SACConfig
-from aa_ray.algos.training import GradientStep, RewardNormalizer, make_optimizer, prior_rows, scheduled_lr
-from aa_ray.nets.policy import ObsDims
-from aa_ray.records import Batch
-from aa_ray.spec.loader import SpecError, validate_spec
+from aa_ray.algos.schedules import scheduled_lr
+from aa_ray.errors import SpecError
+from aa_ray.records import Batch, ObsDims, prior_rows
+from aa_ray.spec.loader import validate_spec
 
 
 def one_batch(n: int = 4, obs_dim: int = 3, terminated: float = 0.0) -> Batch:

@@ -22,7 +22,7 @@ from learning_runs import train
 from aa_ray.algos.fast_td3 import FastTD3Config, make_policy, project_each_critic, spread_noise_scales
 from aa_ray.algos.losses import pessimistic_distribution
 from aa_ray.nets.distributional import make_support, project_distribution
-from aa_ray.nets.policy import ObsDims
+from aa_ray.records import ObsDims
 
 SOLVED = "budget.stop_at={metric: eval/distance, below: 0.05}"
 

@@ -18,7 +18,8 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from aa_ray.spec.loader import SpecError, load_spec
+from aa_ray.errors import SpecError
+from aa_ray.spec.loader import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 USER = ROOT / "tests" / "user_envs"

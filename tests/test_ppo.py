@@ -12,11 +12,11 @@ import torch
 
 from aa_ray.algos.contract import TrainingSetup
 from aa_ray.algos.ppo import PPO, adapt_lr, clipped_surrogate_loss, explained_variance, gae, spo_loss
-from aa_ray.nets.policy import ObsDims
-from aa_ray.records import Rollout
+from aa_ray.errors import SpecError
+from aa_ray.records import ObsDims, Rollout
 from aa_ray.runtime.env_runner import EnvRunner
 from aa_ray.runtime.learner import Learner
-from aa_ray.spec.loader import SpecError, load_spec
+from aa_ray.spec.loader import load_spec
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 SMALL = ["tracking.enabled=false", "algo.actor_hidden_dims=[32,32]",

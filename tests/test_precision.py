@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from aa_ray.algos.gradient_step import GradientStep
 from aa_ray.algos.precision import (
     bf16_native,
     cpu_bf16_native,
@@ -25,10 +26,10 @@ from aa_ray.algos.precision import (
     x86_bf16_missing,
     x86_bf16_native,
 )
-from aa_ray.algos.training import GradientStep
+from aa_ray.errors import SpecError
 from aa_ray.runtime.learner import Learner
 from aa_ray.runtime.replay import ReplayBuffer
-from aa_ray.spec.loader import SpecError, load_spec
+from aa_ray.spec.loader import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT / "specs"

@@ -18,8 +18,7 @@ from gymnasium.utils.env_checker import check_env
 
 from aa_ray.algos.contract import TrainingSetup
 from aa_ray.algos.registry import load_plugin
-from aa_ray.nets.policy import ObsDims
-from aa_ray.records import Batch
+from aa_ray.records import Batch, ObsDims
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))  # the folder that holds the scale_sim package

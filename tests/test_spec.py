@@ -12,9 +12,10 @@ import yaml
 
 from aa_ray.algos.registry import ALGORITHMS
 from aa_ray.cli import main
+from aa_ray.errors import SpecError
 from aa_ray.spec import hashed_fields
 from aa_ray.spec.experiment import ExperimentSpec
-from aa_ray.spec.loader import SpecError, apply_overrides, load_spec, spec_hash, validate_spec
+from aa_ray.spec.loader import apply_overrides, load_spec, spec_hash, validate_spec
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from aa_ray.errors import SpecError
 from aa_ray.spec.base import SpecModel
-from aa_ray.spec.loader import SpecError, load_spec, read_yaml
+from aa_ray.spec.loader import load_spec, read_yaml
 from aa_ray.spec.yaml_files import MAX_FILE_BYTES
 from aa_ray.tune.specs import load_pipeline, load_suite, load_sweep
 

@@ -11,8 +11,9 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from aa_ray.errors import SpecError
 from aa_ray.spec.experiment import ExperimentSpec
-from aa_ray.spec.loader import SpecError, apply_overrides, flatten, load_spec, read_yaml, spec_to_dict, validate_spec
+from aa_ray.spec.loader import apply_overrides, flatten, load_spec, read_yaml, spec_to_dict, validate_spec
 from aa_ray.tune.specs import load_pipeline, load_sweep
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"

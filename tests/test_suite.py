@@ -23,7 +23,8 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from aa_ray import cli
-from aa_ray.spec.loader import SpecError, load_spec
+from aa_ray.errors import SpecError
+from aa_ray.spec.loader import load_spec
 from aa_ray.tracking.curves import NOT_REACHED, load_curve
 from aa_ray.tracking.machine import CPU_COUNT_TAG, CPU_TAG, HOST_TAG, machine_tags
 from aa_ray.tracking.mlflow_tracker import PARENT_TAG, MlflowTracker

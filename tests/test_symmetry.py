@@ -18,12 +18,12 @@ from aa_ray.algos.contract import TrainingSetup
 from aa_ray.algos.ppo import PPO, symmetry_loss
 from aa_ray.envs import scripted_action
 from aa_ray.envs.symmetry import MIRRORS, augment, mirror_for, sym_aug_mirror
-from aa_ray.nets.policy import ObsDims
-from aa_ray.records import Rollout, RolloutChunk, Transitions
+from aa_ray.errors import SpecError
+from aa_ray.records import ObsDims, Rollout, RolloutChunk, Transitions
 from aa_ray.runtime.env_runner import EnvRunner
 from aa_ray.runtime.learner import Learner
 from aa_ray.runtime.replay import FIELDS
-from aa_ray.spec.loader import SpecError, apply_overrides, load_spec, read_yaml, validate_spec
+from aa_ray.spec.loader import apply_overrides, load_spec, read_yaml, validate_spec
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 

@@ -11,8 +11,7 @@ import torch
 
 from aa_ray.algos.contract import TrainingSetup
 from aa_ray.algos.td3 import TD3, TD3Config, make_policy, smoothed_target_action
-from aa_ray.nets.policy import ObsDims
-from aa_ray.records import Batch, NormMoments
+from aa_ray.records import Batch, NormMoments, ObsDims
 from aa_ray.runtime.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from aa_ray.runtime.env_runner import EnvRunner
 from aa_ray.runtime.learner import Learner

@@ -20,9 +20,9 @@ from ray.exceptions import RayTaskError
 
 from aa_ray import cli
 from aa_ray.data.sources import read_dataset
+from aa_ray.errors import SpecError
 from aa_ray.runtime.checkpoint import load_checkpoint
 from aa_ray.spec.experiment import StopAtSpec
-from aa_ray.spec.loader import SpecError
 from aa_ray.tracking.mlflow_tracker import retry_locked
 from aa_ray.tune.pipeline import PipelineError, run_pipeline
 from aa_ray.tune.session import error_paragraph

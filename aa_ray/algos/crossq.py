@@ -27,21 +27,16 @@ from aa_ray import ddp
 from aa_ray import metric_names as m
 from aa_ray.algos import config, sac_family
 from aa_ray.algos.bookkeeping import Bookkeeping
+from aa_ray.algos.contexts import autocast, evaluating
 from aa_ray.algos.contract import TrainingSetup
+from aa_ray.algos.gradient_step import GradientStep
 from aa_ray.algos.losses import bootstrap_factor, critic_diagnostics, rlpd_diagnostics, soft_td_target, td_loss
-from aa_ray.algos.training import (
-    GradientStep,
-    LinearLRSchedule,
-    RewardNormalizer,
-    autocast,
-    delayed_actor_steps,
-    evaluating,
-    every_group,
-    fused_adam,
-)
+from aa_ray.algos.normalizers import RewardNormalizer
+from aa_ray.algos.optimizers import fused_adam
+from aa_ray.algos.schedules import LinearLRSchedule, delayed_actor_steps, every_group
 from aa_ray.nets.batch_renorm import RenormActor, RenormEnsembleQ, RenormSettings
-from aa_ray.nets.policy import ObsDims, SquashedGaussianPolicy
-from aa_ray.records import Batch
+from aa_ray.nets.policy import SquashedGaussianPolicy
+from aa_ray.records import Batch, ObsDims
 
 
 class CrossQConfig(config.OffPolicyKnobs, config.LearningRates, config.TemperatureKnobs, config.RLPDKnobs):

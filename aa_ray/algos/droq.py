@@ -20,10 +20,9 @@ from torch import Tensor
 from aa_ray.algos import config, sac_family
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.contract import TrainingSetup
-from aa_ray.algos.training import RewardNormalizer
+from aa_ray.algos.normalizers import RewardNormalizer
 from aa_ray.nets.mlp import EnsembleQ, SeededDropout
-from aa_ray.nets.policy import ObsDims
-from aa_ray.records import Batch
+from aa_ray.records import Batch, ObsDims
 
 
 class DroQConfig(

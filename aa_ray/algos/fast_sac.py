@@ -45,8 +45,10 @@ from aa_ray import metric_names as m
 from aa_ray.algos import sac_family
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.config import C51Support, LearningRates, OffPolicyKnobs, RLPDKnobs, TemperatureKnobs
+from aa_ray.algos.contexts import autocast, frozen
 from aa_ray.algos.contract import TrainingSetup
 from aa_ray.algos.fast_td3 import project_each_critic
+from aa_ray.algos.gradient_step import GradientStep, polyak_update_
 from aa_ray.algos.losses import (
     categorical_cross_entropy,
     critic_diagnostics,
@@ -54,20 +56,12 @@ from aa_ray.algos.losses import (
     support_saturation,
     temperature_loss,
 )
-from aa_ray.algos.training import (
-    GradientStep,
-    LinearLRSchedule,
-    autocast,
-    delayed_actor_steps,
-    every_group,
-    frozen,
-    polyak_update_,
-    tensor_lrs_,
-)
+from aa_ray.algos.optimizers import tensor_lrs_
+from aa_ray.algos.schedules import LinearLRSchedule, delayed_actor_steps, every_group
 from aa_ray.nets.distributional import expected_value, make_support
 from aa_ray.nets.mlp import EnsembleLayerNorm, EnsembleLinear, bounded_log_std
-from aa_ray.nets.policy import ObsDims, SquashedGaussianPolicy
-from aa_ray.records import Batch
+from aa_ray.nets.policy import SquashedGaussianPolicy
+from aa_ray.records import Batch, ObsDims
 
 
 class FastSACConfig(OffPolicyKnobs, LearningRates, TemperatureKnobs, C51Support, RLPDKnobs):

@@ -48,7 +48,9 @@ from aa_ray import ddp
 from aa_ray import metric_names as m
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.config import C51Support, LearningRates, MLPNetworks, OffPolicyKnobs, RLPDKnobs
+from aa_ray.algos.contexts import autocast, frozen
 from aa_ray.algos.contract import TrainingSetup
+from aa_ray.algos.gradient_step import GradientStep, polyak_update_
 from aa_ray.algos.losses import (
     bootstrap_factor,
     categorical_cross_entropy,
@@ -58,22 +60,14 @@ from aa_ray.algos.losses import (
     smoothed_target_action,
     support_saturation,
 )
-from aa_ray.algos.training import (
-    GradientStep,
-    LinearLRSchedule,
-    RewardNormalizer,
-    autocast,
-    delayed_actor_steps,
-    every_group,
-    frozen,
-    fused_adam,
-    polyak_update_,
-)
+from aa_ray.algos.normalizers import RewardNormalizer
+from aa_ray.algos.optimizers import fused_adam
+from aa_ray.algos.schedules import LinearLRSchedule, delayed_actor_steps, every_group
 from aa_ray.nets.deterministic import DeterministicPolicy
 from aa_ray.nets.distributional import EnsembleCategoricalQ, expected_value, make_support, project_distribution
 from aa_ray.nets.mlp import mlp
-from aa_ray.nets.policy import Array, ObsDims, acting_input, as_given
-from aa_ray.records import Batch
+from aa_ray.nets.policy import Array, acting_input, as_given
+from aa_ray.records import Batch, ObsDims
 
 
 class FastTD3Config(OffPolicyKnobs, LearningRates, C51Support, RLPDKnobs, MLPNetworks):

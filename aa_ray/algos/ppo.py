@@ -35,10 +35,12 @@ from aa_ray import metric_names as m
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.config import LearningRates, OnPolicyKnobs
 from aa_ray.algos.contract import Health, RunShape, TrainingSetup
-from aa_ray.algos.training import LinearLRSchedule, RewardNormalizer, count_skip_, fused_adam, step_if_
+from aa_ray.algos.gradient_step import count_skip_, step_if_
+from aa_ray.algos.normalizers import RewardNormalizer
+from aa_ray.algos.optimizers import fused_adam
+from aa_ray.algos.schedules import LinearLRSchedule
 from aa_ray.nets.actor_critic import GaussianActorCritic
-from aa_ray.nets.policy import ObsDims
-from aa_ray.records import Rollout
+from aa_ray.records import ObsDims, Rollout
 
 if TYPE_CHECKING:  # for the type only: importing aa_ray.envs loads MuJoCo, which validating a spec must not need
     from aa_ray.envs.symmetry import Mirror

@@ -20,7 +20,7 @@ from torch import nn
 from aa_ray.algos import crossq, droq, fast_sac, fast_td3, ppo, sac, sac_dist, sac_dist_simba, sac_simba, td3
 from aa_ray.algos.contract import TrainingSetup
 from aa_ray.errors import what_user_code_did
-from aa_ray.nets.policy import ObsDims
+from aa_ray.records import ObsDims
 
 
 class Registered(NamedTuple):

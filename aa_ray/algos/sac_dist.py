@@ -26,8 +26,7 @@ from aa_ray.algos import config, sac_family
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.contract import TrainingSetup
 from aa_ray.nets.distributional import EnsembleCategoricalQ, expected_value, make_support
-from aa_ray.nets.policy import ObsDims
-from aa_ray.records import Batch
+from aa_ray.records import Batch, ObsDims
 
 
 class SACDistConfig(

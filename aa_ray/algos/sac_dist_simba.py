@@ -24,9 +24,8 @@ from aa_ray.algos import config, sac_family
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.contract import TrainingSetup
 from aa_ray.nets.distributional import SimbaV2CategoricalCritic, expected_value, make_support
-from aa_ray.nets.policy import ObsDims
 from aa_ray.nets.simba import normalize_weights_
-from aa_ray.records import Batch
+from aa_ray.records import Batch, ObsDims
 
 
 class SACDistSimbaConfig(

@@ -24,7 +24,9 @@ from torch import Tensor, nn
 from aa_ray import ddp
 from aa_ray import metric_names as m
 from aa_ray.algos.config import C51Support, TemperatureKnobs
+from aa_ray.algos.contexts import autocast, frozen
 from aa_ray.algos.contract import TrainingSetup
+from aa_ray.algos.gradient_step import GradientStep, polyak_update_
 from aa_ray.algos.losses import (
     bee_target,
     bootstrap_factor,
@@ -41,22 +43,14 @@ from aa_ray.algos.losses import (
     td_loss,
     temperature_loss,
 )
-from aa_ray.algos.training import (
-    GradientStep,
-    LinearLRSchedule,
-    RewardNormalizer,
-    autocast,
-    every_group,
-    frozen,
-    fused_adam,
-    make_optimizer,
-    polyak_update_,
-)
+from aa_ray.algos.normalizers import RewardNormalizer
+from aa_ray.algos.optimizers import fused_adam, make_optimizer
+from aa_ray.algos.schedules import LinearLRSchedule, every_group
 from aa_ray.nets.distributional import expected_value
 from aa_ray.nets.mlp import MLPActor
-from aa_ray.nets.policy import ObsDims, SquashedGaussianPolicy
+from aa_ray.nets.policy import SquashedGaussianPolicy
 from aa_ray.nets.simba import SimbaV2Actor
-from aa_ray.records import Batch
+from aa_ray.records import Batch, ObsDims
 
 
 def mlp_policy(cfg: Any, obs: ObsDims, act_dim: int) -> SquashedGaussianPolicy:

@@ -19,10 +19,9 @@ from aa_ray import metric_names as m
 from aa_ray.algos import config, sac_family
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.contract import TrainingSetup
-from aa_ray.algos.training import RewardNormalizer
-from aa_ray.nets.policy import ObsDims
+from aa_ray.algos.normalizers import RewardNormalizer
 from aa_ray.nets.simba import SimbaV2Critic, SimbaV2Value, normalize_weights_
-from aa_ray.records import Batch
+from aa_ray.records import Batch, ObsDims
 
 
 class SACSimbaConfig(

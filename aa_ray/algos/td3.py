@@ -33,7 +33,9 @@ from aa_ray import ddp
 from aa_ray import metric_names as m
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.config import LearningRates, MLPNetworks, OffPolicyKnobs, RLPDKnobs
+from aa_ray.algos.contexts import autocast, frozen
 from aa_ray.algos.contract import TrainingSetup
+from aa_ray.algos.gradient_step import GradientStep, polyak_update_
 from aa_ray.algos.losses import (
     bootstrap_factor,
     critic_diagnostics,
@@ -41,21 +43,12 @@ from aa_ray.algos.losses import (
     smoothed_target_action,
     td_loss,
 )
-from aa_ray.algos.training import (
-    GradientStep,
-    LinearLRSchedule,
-    RewardNormalizer,
-    autocast,
-    delayed_actor_steps,
-    every_group,
-    frozen,
-    make_optimizer,
-    polyak_update_,
-)
+from aa_ray.algos.normalizers import RewardNormalizer
+from aa_ray.algos.optimizers import make_optimizer
+from aa_ray.algos.schedules import LinearLRSchedule, delayed_actor_steps, every_group
 from aa_ray.nets.deterministic import DeterministicPolicy
 from aa_ray.nets.mlp import EnsembleQ, mlp
-from aa_ray.nets.policy import ObsDims
-from aa_ray.records import Batch
+from aa_ray.records import Batch, ObsDims
 
 
 class TD3Config(OffPolicyKnobs, LearningRates, RLPDKnobs, MLPNetworks):

@@ -9,7 +9,7 @@ from typing import Any
 
 import aa_ray.data.minari_format as minari_format
 from aa_ray.data.dataset import DatasetError, DatasetMeta, TransitionDataset, dataset_meta, read_parquet
-from aa_ray.nets.policy import ObsDims
+from aa_ray.records import ObsDims
 
 
 def read_dataset(

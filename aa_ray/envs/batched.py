@@ -56,7 +56,7 @@ from aa_ray.envs.info_metrics import SUCCESS_KEY, declared_info_metrics
 from aa_ray.envs.obs_groups import ObsLayout, ObsLayoutError, obs_layout
 from aa_ray.envs.source import EnvSourceError, import_object
 from aa_ray.errors import SpecError, what_user_code_did
-from aa_ray.nets.policy import ObsDims
+from aa_ray.records import ObsDims
 
 SOURCES = ("torch", "gymnasium", "envpool", "playground")
 # the final observation in a same-step source's extras: ours and Isaac Lab-style envs' name, ManiSkill's name

@@ -21,7 +21,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from aa_ray.nets.policy import ObsDims
+from aa_ray.records import ObsDims
 
 
 class ObsLayoutError(ValueError):

@@ -35,8 +35,7 @@ from gymnasium.envs.registration import load_env_creator
 
 from aa_ray.envs.source import import_object, prepare, registered_id, resolve_entry_point
 from aa_ray.errors import SpecError, what_user_code_did
-from aa_ray.nets.policy import ObsDims
-from aa_ray.records import Transitions
+from aa_ray.records import ObsDims, Transitions
 
 Array = TypeVar("Array")  # numpy arrays or torch tensors: indexing and a multiply work on both
 

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from aa_ray.nets.policy import Array, ObsDims, ObsNormalizer, acting_input, actor_input, as_given
+from aa_ray.nets.policy import Array, ObsNormalizer, acting_input, actor_input, as_given
+from aa_ray.records import ObsDims
 
 
 def tanh_mlp(in_dim: int, hidden_dims: Sequence[int], out_dim: int, out_gain: float) -> nn.Sequential:

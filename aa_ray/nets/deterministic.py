@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from aa_ray.nets.policy import Array, ObsDims, ObsNormalizer, acting_input, actor_input, as_given
+from aa_ray.nets.policy import Array, ObsNormalizer, acting_input, actor_input, as_given
+from aa_ray.records import ObsDims
 
 
 class DeterministicPolicy(nn.Module):

@@ -3,42 +3,16 @@
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from aa_ray import ddp
+from aa_ray.records import ObsDims
 
 Array = TypeVar("Array", np.ndarray, Tensor)
-
-
-class ObsDims(NamedTuple):
-    """Observation features: all of them (`full`: what replay stores and the critic reads) and the
-    leading `actor` of them that the actor reads (fewer with grouped observations, where the critic
-    also sees privileged keys: `aa_ray.envs.obs_groups`). `groups` names each key's features in
-    order, empty for a flat Box."""
-
-    actor: int
-    full: int
-    groups: tuple[tuple[str, int], ...] = ()
-
-    @property
-    def actor_keys(self) -> tuple[str, ...]:
-        """The Dict keys the actor reads: the leading groups, `actor` features in all."""
-        keys, features = [], 0
-        for key, dim in self.groups:
-            if features == self.actor:
-                break
-            keys.append(key)
-            features += dim
-        return tuple(keys)
-
-    @classmethod
-    def of(cls, obs: ObsDims | int) -> ObsDims:
-        """A flat Box's dims from its size (tests and tools pass an int)."""
-        return obs if isinstance(obs, ObsDims) else cls(obs, obs)
 
 
 class ObsNormalizer(nn.Module):

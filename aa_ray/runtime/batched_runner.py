@@ -22,8 +22,8 @@ from aa_ray.algos.contract import OnPolicyActor
 from aa_ray.algos.registry import build_policy
 from aa_ray.envs.batched import BatchedEnv
 from aa_ray.envs.make import make_batched_env
-from aa_ray.nets.policy import ObsDims, to_bounds
-from aa_ray.records import ChunkStats, RolloutChunk, Transitions
+from aa_ray.nets.policy import to_bounds
+from aa_ray.records import ChunkStats, ObsDims, RolloutChunk, Transitions
 from aa_ray.runtime.metrics import RunMetrics, run_tag
 from aa_ray.runtime.tensor_steps import (
     EpisodeCounters,

@@ -25,9 +25,9 @@ import torch
 
 from aa_ray.algos.registry import ALGORITHMS, migrate_old_knobs
 from aa_ray.data.value_checks import first_bad_value
-from aa_ray.errors import write_failure
+from aa_ray.errors import SpecError, write_failure
 from aa_ray.spec.experiment import ExperimentSpec
-from aa_ray.spec.loader import SpecError, flatten, spec_to_dict, spec_yaml, validate_spec
+from aa_ray.spec.loader import flatten, spec_to_dict, spec_yaml, validate_spec
 from aa_ray.spec.trust import refuse_untrusted_code
 
 FORMAT_VERSION = 3

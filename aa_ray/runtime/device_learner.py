@@ -35,8 +35,8 @@ from aa_ray.algos.registry import build_policy
 from aa_ray.envs.batched import BatchedEnv
 from aa_ray.envs.make import make_batched_env
 from aa_ray.errors import SpecError
-from aa_ray.nets.policy import ObsDims, to_bounds
-from aa_ray.records import ChunkStats, DeviceSample, LearnerReport, NormMoments
+from aa_ray.nets.policy import to_bounds
+from aa_ray.records import ChunkStats, DeviceSample, LearnerReport, NormMoments, ObsDims
 from aa_ray.runtime.device_replay import DeviceReplay
 from aa_ray.runtime.learner import Learner
 from aa_ray.runtime.tensor_steps import (

@@ -18,11 +18,12 @@ from aa_ray.algos.contract import OnPolicyActor
 from aa_ray.algos.registry import build_policy
 from aa_ray.envs import RENDER_BACKEND_ERRORS, make_env, make_vector_env, vector_obs_dims
 from aa_ray.envs.info_metrics import final_info, metric_name, tracked_info_keys
-from aa_ray.nets.policy import ObsDims, to_bounds
+from aa_ray.nets.policy import to_bounds
 from aa_ray.records import (
     ChunkStats,
     EpisodeStats,
     NormMoments,
+    ObsDims,
     RolloutChunk,
     Transitions,
     obs_moments,

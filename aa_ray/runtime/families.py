@@ -25,8 +25,16 @@ import torch
 from aa_ray.algos.contract import Algorithm, TrainingSetup
 from aa_ray.algos.registry import build_algorithm
 from aa_ray.envs.symmetry import Mirror, augment
-from aa_ray.nets.policy import ObsDims
-from aa_ray.records import Batch, DeviceSample, PackedTransitions, ReplaySample, Rollout, RolloutChunk, Transitions
+from aa_ray.records import (
+    Batch,
+    DeviceSample,
+    ObsDims,
+    PackedTransitions,
+    ReplaySample,
+    Rollout,
+    RolloutChunk,
+    Transitions,
+)
 
 
 class LearnerView(Protocol):

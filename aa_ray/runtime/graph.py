@@ -38,8 +38,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from aa_ray.nets.policy import ObsDims
-from aa_ray.records import ChunkStats, LearnerReport, NormMoments, return_moments
+from aa_ray.records import ChunkStats, LearnerReport, NormMoments, ObsDims, return_moments
 from aa_ray.runtime.checkpoint import REPLAY_FILE
 from aa_ray.runtime.cluster import NodeLoss, RayActors
 from aa_ray.runtime.device_learner import DeviceLearner

@@ -31,8 +31,7 @@ from aa_ray import seeding
 from aa_ray.algos.contract import Algorithm, TrainingSetup, diagnostics_to_floats
 from aa_ray.algos.precision import autocast_dtype
 from aa_ray.envs.symmetry import sym_aug_mirror
-from aa_ray.nets.policy import ObsDims
-from aa_ray.records import Batch, LearnerReport, NormMoments, PackedTransitions, ReplaySample, Transitions
+from aa_ray.records import Batch, LearnerReport, NormMoments, ObsDims, PackedTransitions, ReplaySample, Transitions
 from aa_ray.runtime.families import family_of
 from aa_ray.runtime.metrics import RunMetrics, run_tag
 from aa_ray.spec.experiment import ExperimentSpec

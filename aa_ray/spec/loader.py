@@ -21,7 +21,7 @@ from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.local_checks import check_here
 from aa_ray.spec.yaml_files import parse_yaml, read_yaml_file
 
-__all__ = ["SpecError", "load_spec", "validate_spec"]
+__all__ = ["load_spec", "validate_spec"]
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

@@ -46,7 +46,8 @@ from packaging.version import Version
 from aa_ray.algos.registry import build_policy
 from aa_ray.envs import env_dims
 from aa_ray.envs.make import first_observations
-from aa_ray.nets.policy import BoundedPolicy, ObsDims
+from aa_ray.nets.policy import BoundedPolicy
+from aa_ray.records import ObsDims
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.tracking import policy_pyfunc
 

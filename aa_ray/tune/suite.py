@@ -28,9 +28,10 @@ from typing import Any
 from ray import tune
 
 from aa_ray import metric_names as m
+from aa_ray.errors import SpecError
 from aa_ray.runtime.checkpoint import newest_checkpoint
 from aa_ray.spec.experiment import ExperimentSpec
-from aa_ray.spec.loader import SpecError, spec_hash, validate_spec
+from aa_ray.spec.loader import spec_hash, validate_spec
 from aa_ray.tracking.mlflow_tracker import retry_locked
 from aa_ray.tracking.suite_report import ENV_TAG, LABEL_TAG, REFERENCES_TAG, SUPERSEDED_TAG
 from aa_ray.tune.parent import ParentRun, absolute_paths, tune_storage

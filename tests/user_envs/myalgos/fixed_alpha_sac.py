@@ -17,13 +17,16 @@ from torch import Tensor
 
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.config import LearningRates, MLPNetworks, OffPolicyKnobs
+from aa_ray.algos.contexts import frozen
 from aa_ray.algos.contract import TrainingSetup
+from aa_ray.algos.gradient_step import GradientStep, polyak_update_
 from aa_ray.algos.losses import bootstrap_factor, sac_actor_loss, soft_td_target, td_loss
+from aa_ray.algos.normalizers import RewardNormalizer
+from aa_ray.algos.optimizers import fused_adam
 from aa_ray.algos.registry import Registered
-from aa_ray.algos.training import GradientStep, RewardNormalizer, frozen, fused_adam, polyak_update_
 from aa_ray.nets.mlp import EnsembleQ, MLPActor
-from aa_ray.nets.policy import ObsDims, SquashedGaussianPolicy
-from aa_ray.records import Batch
+from aa_ray.nets.policy import SquashedGaussianPolicy
+from aa_ray.records import Batch, ObsDims
 
 
 class FixedAlphaSACConfig(OffPolicyKnobs, LearningRates, MLPNetworks):
