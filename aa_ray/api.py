@@ -39,9 +39,9 @@ from typing import Any, Literal
 import numpy as np
 
 from aa_ray import metric_names as m
-from aa_ray.errors import UserError, write_failure
+from aa_ray.errors import SpecError, UserError, write_failure
 from aa_ray.spec.experiment import ExperimentSpec
-from aa_ray.spec.loader import SpecError, apply_overrides, read_yaml, set_values, validate_spec
+from aa_ray.spec.loader import apply_overrides, read_yaml, set_values, validate_spec
 
 EXPORT_FORMATS = ("torchscript", "onnx")
 

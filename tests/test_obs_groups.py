@@ -15,8 +15,9 @@ import torch
 
 from aa_ray.api import Experiment, load_policy
 from aa_ray.envs import env_dims
+from aa_ray.errors import SpecError
 from aa_ray.runtime.replay import ReplayBuffer
-from aa_ray.spec.loader import SpecError, load_spec
+from aa_ray.spec.loader import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT / "specs"

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from aa_ray.cli import main
-from aa_ray.spec.loader import SpecError, load_spec, validate_spec
+from aa_ray.errors import SpecError
+from aa_ray.spec.loader import load_spec, validate_spec
 
 USER_ENVS = Path(__file__).resolve().parent / "user_envs"
 AA_RAY = str(Path(sys.executable).parent / "aa-ray")  # the installed command, as a user runs it

@@ -18,7 +18,7 @@ from aa_ray.envs.info_metrics import tracked_info_keys
 from aa_ray.envs.obs_groups import GroupedObservations, ObsLayoutError, obs_layout
 from aa_ray.envs.source import EnvSourceError, make_target, prepare, resolve_entry_point
 from aa_ray.errors import SpecError, what_user_code_did
-from aa_ray.nets.policy import ObsDims
+from aa_ray.records import ObsDims
 
 if TYPE_CHECKING:
     from aa_ray.spec.experiment import ExperimentSpec

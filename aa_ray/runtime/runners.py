@@ -19,8 +19,7 @@ from typing import Any, Protocol
 
 import torch
 
-from aa_ray.nets.policy import ObsDims
-from aa_ray.records import ChunkStats, RolloutChunk, Transitions
+from aa_ray.records import ChunkStats, ObsDims, RolloutChunk, Transitions
 from aa_ray.runtime.batched_runner import BatchedRunner
 from aa_ray.runtime.env_runner import EnvRunner
 from aa_ray.spec.experiment import ExperimentSpec

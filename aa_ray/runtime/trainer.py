@@ -53,7 +53,7 @@ from aa_ray.data.mlflow_inputs import log_prior_data
 from aa_ray.data.sources import checked_prior_data
 from aa_ray.envs import env_dims
 from aa_ray.envs.symmetry import sym_aug_mirror
-from aa_ray.nets.policy import ObsDims
+from aa_ray.records import ObsDims
 from aa_ray.runtime import cluster
 from aa_ray.runtime.cadence import BUDGET, PREEMPTED, STOPPED_BY_CALLBACK
 from aa_ray.runtime.checkpoint import saved_replay_rows, verify_resume

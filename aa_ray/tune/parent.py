@@ -11,8 +11,9 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from aa_ray.runtime import cluster
+from aa_ray.errors import SpecError
 from aa_ray.runtime.run_record import STOP_REASON_TAG
-from aa_ray.spec.loader import SpecError, set_values
+from aa_ray.spec.loader import set_values
 from aa_ray.tracking.mlflow_tracker import (
     PARENT_TAG,
     compare_link,

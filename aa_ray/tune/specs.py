@@ -13,10 +13,10 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import AfterValidator, Field, NonNegativeInt, PositiveFloat, PositiveInt, ValidationError, model_validator
 
 from aa_ray import metric_names as m
-from aa_ray.errors import echo
+from aa_ray.errors import SpecError, echo
 from aa_ray.spec.base import SpecModel
 from aa_ray.spec.experiment import ExperimentSpec, FolderPath, Seed
-from aa_ray.spec.loader import SpecError, format_validation_error, read_yaml, set_values, validate_spec
+from aa_ray.spec.loader import format_validation_error, read_yaml, set_values, validate_spec
 from aa_ray.spec.names import MAX_NAME_LENGTH, SafeName
 
 STORAGE_HELP = (
