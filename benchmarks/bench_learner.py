@@ -5,9 +5,9 @@ conversion to torch, one critic step (both critics), one actor step, one tempera
 polyak update of the target critics. Networks: 256x256 ReLU MLPs, twin critics, squashed-Gaussian
 actor, one Adam per part; torch.set_num_threads(1) in this process for both.
 
-- ours: `ReplayBuffer.sample(train_every, 256)` (one stacked draw per learner call, as the replay
-  actor does) + `Learner.update([], samples)` (Batch.from_transitions copy, the SAC update loop and the
-  once-per-call diagnostics). No Ray: both run in this process.
+- ours: `ReplayBuffer.sample_for_learners(train_every, 256, 1)` (one stacked draw of packed rows per
+  learner call, as the replay actor does) + `Learner.update([], sample)` (the rows split into a
+  `Batch`, the SAC update loop and the once-per-call diagnostics). No Ray: both run in this process.
 - reference: written here, the shape of a single-file SAC script: two separate critic
   nn.Sequential MLPs and two target copies, an actor with separate mean/log-std heads, a numpy
   ring buffer sampled with `rng.integers` once per update, `torch.from_numpy` on the gathered rows,
@@ -46,7 +46,7 @@ from _common import (  # noqa: E402
     write_json,
 )
 
-from aa_ray.records import Batch  # noqa: E402
+from aa_ray.records import Batch, Transitions  # noqa: E402
 from aa_ray.runtime.learner import Learner  # noqa: E402
 from aa_ray.runtime.replay import ReplayBuffer  # noqa: E402
 from aa_ray.spec.loader import load_spec  # noqa: E402
@@ -162,11 +162,10 @@ def random_replay(obs_dim: int, act_dim: int, seed: int = 0) -> ReplayBuffer:
         "truncated": np.zeros,
         "discount": lambda shape: np.full(shape, 0.99),
     }
-    chunk = {
-        name: special.get(name, rng.standard_normal)((BUFFER, *array.shape[1:])).astype(array.dtype)
-        for name, array in replay.storage.items()
-    }
-    replay.add(chunk)
+    replay.add(Transitions(*(
+        special.get(name, rng.standard_normal)((BUFFER, *array.shape[1:])).astype(array.dtype)
+        for name, array in zip(Transitions._fields, replay.storage, strict=True)
+    )))
     return replay
 
 
@@ -178,7 +177,7 @@ def make_contenders(obs_dim: int, act_dim: int, updates: int):
     n_updates = calls * per_call
     learner = Learner(spec, obs_dim, act_dim)
     replay = random_replay(obs_dim, act_dim)
-    data = {k: v[: replay.size] for k, v in replay.storage.items()}
+    data = Transitions(*(stored[: replay.size] for stored in replay.storage))
     ref = ReferenceSAC(obs_dim, act_dim, data)
     ref_fused = ReferenceSAC(obs_dim, act_dim, data, fused=True)
     torch.set_num_threads(1)  # Learner sets it from the spec (1); make the intent explicit
@@ -192,7 +191,7 @@ def make_contenders(obs_dim: int, act_dim: int, updates: int):
     def ours() -> float:
         start = time.perf_counter()
         for _ in range(calls):
-            learner.update([], replay.sample(per_call, BATCH))
+            learner.update([], replay.sample_for_learners(per_call, BATCH, 1))
         return n_updates / (time.perf_counter() - start)
 
     def reference() -> float:
