@@ -25,6 +25,8 @@ FORBIDDEN: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
     (BOTTOM, UPPER),
     # the envs describe observations with the records' types (`records.ObsDims`), not the networks'
     (("aa_ray.envs",), ("aa_ray.nets", "aa_ray.algos")),
+    # the envs describe observations with the records' types (`records.ObsDims`), not the networks'
+    (("aa_ray.envs",), ("aa_ray.nets", "aa_ray.algos")),
     (("aa_ray.rollout",), ("aa_ray.tune", "aa_ray.api", "aa_ray.cli")),
     (("aa_ray.runtime",), ("aa_ray.rollout", "aa_ray.tune", "aa_ray.api", "aa_ray.cli")),
     # the dataset formats sit below the runtime, whose replay buffer and trainer read them
@@ -211,6 +213,7 @@ def test_the_rule_reads_imports_inside_functions_and_relative_ones() -> None:
     assert against_the_layers("aa_ray.algos.probe", "aa_ray.runtime.trainer")
     assert against_the_layers("aa_ray.data.rollout", "aa_ray.runtime.trainer")
     assert against_the_layers("aa_ray.envs.make", "aa_ray.tracking.mlflow_tracker")
+    assert against_the_layers("aa_ray.envs.make", "aa_ray.nets.policy")
     assert against_the_layers("aa_ray.runtime.env_runner", "aa_ray.data.dataset") is None
     assert against_the_layers("aa_ray.tune.sweep", "aa_ray.runtime.trainer") is None
 
