@@ -14,10 +14,10 @@ import pytest
 import torch
 import yaml
 
+from aa_ray.algos.contexts import evaluating
 from aa_ray.algos.contract import Health, TrainingSetup, diagnostics_to_floats
 from aa_ray.algos.crossq import CrossQ
 from aa_ray.algos.registry import ALGORITHMS, build_algorithm, migrate_old_knobs
-from aa_ray.algos.training import evaluating
 from aa_ray.metric_names import CRITIC_PRIOR_ONLINE_Q_GAP, CRITIC_PRIOR_Q, RLPD_DIAGNOSTICS
 from aa_ray.nets.distributional import expected_value
 from aa_ray.records import Batch, Rollout

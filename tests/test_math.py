@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
-from aa_ray.algos.training import polyak_update_
+from aa_ray.algos.gradient_step import polyak_update_
 from aa_ray.nets.mlp import EnsembleQ
 from aa_ray.nets.policy import ObsNormalizer, squashed_gaussian_sample
 

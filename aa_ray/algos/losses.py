@@ -13,8 +13,8 @@ import torch
 from torch import Tensor, nn
 
 from aa_ray import metric_names as m
-from aa_ray.algos.training import prior_rows
 from aa_ray.nets.distributional import project_distribution, saturation
+from aa_ray.records import prior_rows
 
 
 def bootstrap_factor(discount: Tensor, terminated: Tensor) -> Tensor:

@@ -12,9 +12,14 @@ import pyarrow as pa
 
 import aa_ray.data.dataset as ds
 from aa_ray import seeding
-from aa_ray.algos.training import prior_rows  # the one definition, shared with the algorithms' diagnostics
 from aa_ray.data.sources import read_dataset
-from aa_ray.records import PackedTransitions, ReplaySample, SampleTiming, Transitions
+from aa_ray.records import (
+    PackedTransitions,
+    ReplaySample,
+    SampleTiming,
+    Transitions,
+    prior_rows,  # the one definition, shared with the algorithms' diagnostics
+)
 from aa_ray.runtime.metrics import RunMetrics
 
 FIELDS = Transitions._fields

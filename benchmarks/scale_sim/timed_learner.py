@@ -25,8 +25,8 @@ from torch import Tensor
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.config import MLPNetworks, OffPolicyKnobs
 from aa_ray.algos.contract import Health, TrainingSetup
+from aa_ray.algos.normalizers import RewardNormalizer
 from aa_ray.algos.registry import Registered
-from aa_ray.algos.training import RewardNormalizer
 from aa_ray.nets.mlp import MLPActor
 from aa_ray.nets.policy import ObsDims, SquashedGaussianPolicy
 from aa_ray.records import Batch
