@@ -348,7 +348,7 @@ def _prior_data_note(spec: ExperimentSpec, obs_dim: int, act_dim: int) -> str:
 
 def _rollout(spec: ExperimentSpec, args: argparse.Namespace) -> int:
     from aa_ray.data.dataset import DatasetError
-    from aa_ray.data.rollout import RolloutError, rollout
+    from aa_ray.rollout.job import RolloutError, rollout
     from aa_ray.runtime.checkpoint import CheckpointError
     from aa_ray.runtime.cluster import ResourceError
     from aa_ray.runtime.remote import TrainingError

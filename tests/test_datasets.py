@@ -18,10 +18,10 @@ import torch
 from aa_ray import cli
 from aa_ray.data import dataset as ds
 from aa_ray.data.dataset import DatasetError, DatasetMeta, write_dataset
-from aa_ray.data.recorder import DatasetRecorder
-from aa_ray.data.rollout import RolloutError, policy_from_checkpoint, rollout
 from aa_ray.data.sources import read_dataset
 from aa_ray.records import Transitions
+from aa_ray.rollout.job import RolloutError, policy_from_checkpoint, rollout
+from aa_ray.rollout.recorder import DatasetRecorder
 from aa_ray.runtime.checkpoint import save_checkpoint
 from aa_ray.runtime.learner import Learner
 from aa_ray.runtime.replay import ReplayBuffer, prior_rows

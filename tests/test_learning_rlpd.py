@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from learning_runs import SPECS, train
 
-from aa_ray.data.rollout import rollout
+from aa_ray.rollout.job import rollout
 from aa_ray.spec.loader import load_spec
 
 BUDGET = 20_000

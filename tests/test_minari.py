@@ -22,9 +22,9 @@ from aa_ray import cli
 from aa_ray.data.dataset import DatasetError
 from aa_ray.data.minari_format import MinariTransitions
 from aa_ray.data.mlflow_inputs import mlflow_dataset
-from aa_ray.data.rollout import rollout
 from aa_ray.data.sources import checked_prior_data, read_dataset
 from aa_ray.envs import env_dims
+from aa_ray.rollout.job import rollout
 from aa_ray.runtime.trainer import Trainer
 from aa_ray.spec.loader import load_spec
 

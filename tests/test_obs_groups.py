@@ -123,8 +123,8 @@ def test_with_mode_left_out_of_both_lists_is_fine(goal_env: list[str]) -> None:
 
 def test_a_dataset_keeps_one_column_per_key_and_reads_back_whole(tmp_path: Path) -> None:
     from aa_ray.data.dataset import DatasetError, dataset_meta, write_dataset
-    from aa_ray.data.recorder import DatasetRecorder
     from aa_ray.data.sources import checked_prior_data, read_dataset
+    from aa_ray.rollout.recorder import DatasetRecorder
 
     sets = [f"{key}={value}" for key, value in (("env.kwargs", "{obs_groups: true}"),
                                                  ("algo.actor_obs", "[proprio, command]"),

@@ -151,7 +151,7 @@ def test_trust_code_runs_what_the_checkpoint_names(checkpoint: Path, tmp_path: P
 def test_a_rollout_needs_no_opt_in_for_code_the_users_own_spec_names(checkpoint: Path, tmp_path: Path) -> None:
     """The user's spec names myenvs (imports, py_modules); a checkpoint naming the same is not refused
     (its pusher-reach weights then do not fit the point env: the next check speaks), one naming more is."""
-    from aa_ray.data.rollout import policy_from_checkpoint
+    from aa_ray.rollout.job import policy_from_checkpoint
 
     user_envs = Path(__file__).parent / "user_envs"
     own = {"imports": ["myenvs"], "py_modules": [str(user_envs / "myenvs")]}

@@ -148,7 +148,7 @@ TUNE_CASES = [
      "seeds.0: must be 0 to 2^63 - 1"),
     ("a scripted rollout without a controller", "pipeline.yaml",
      "name: p\nstages:\n  data: {kind: rollout, scripted: true, spec: base.yaml, episodes: 2}\n",
-     "has none (envs with one: aa_ray/PusherReach-v0)"),
+     "and env 'Pendulum-v1' has no scripted controller"),
 ]
 
 

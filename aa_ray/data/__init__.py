@@ -1,6 +1,7 @@
-"""Transition datasets (Parquet with RLlib's offline column names, or Minari) and the rollouts that write them.
+"""Transition datasets: Parquet with RLlib's offline column names, or Minari; read, written and checked.
 
-`aa_ray.data.rollout` (the `aa-ray rollout` driver) imports Ray; this package itself does not.
+The file formats only: they sit below the runtime (its replay buffer and trainer read prior data) and
+import none of it. The job that records datasets is `aa_ray.rollout`, above the runtime.
 """
 
 from aa_ray.data.dataset import (

@@ -14,6 +14,7 @@ import mujoco
 import numpy as np
 
 from aa_ray.envs.batched import BatchedEnv, BatchedEnvError
+from aa_ray.envs.controllers import Controller, declared_controller
 from aa_ray.envs.info_metrics import tracked_info_keys
 from aa_ray.envs.obs_groups import GroupedObservations, ObsLayoutError, obs_layout
 from aa_ray.envs.source import EnvSourceError, make_target, prepare, resolve_entry_point
@@ -107,6 +108,16 @@ def task_metric_keys(spec: ExperimentSpec) -> tuple[str, ...]:
     env = make_env(spec)
     try:
         return tracked_info_keys(spec, env)
+    finally:
+        env.close()
+
+
+def scripted_controller(spec: ExperimentSpec) -> Controller | None:
+    """The scripted controller the spec's env declares (`controllers.declared_controller`), read from
+    one env made here (for checks before a rollout starts); None when it declares none."""
+    env = make_env(spec)
+    try:
+        return declared_controller(env, spec.env)
     finally:
         env.close()
 

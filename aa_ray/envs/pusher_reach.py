@@ -132,8 +132,15 @@ class PusherReachEnv(gym.Env[np.ndarray, np.ndarray]):
     """
 
     # info_metrics: the task metrics aa-ray records at each episode's end (eval/distance, train/distance;
-    # aa_ray.envs.info_metrics); info["is_success"] (within SUCCESS_DISTANCE) gives eval/success
-    metadata = {"render_modes": ["rgb_array"], "render_fps": int(round(1.0 / DT)), "info_metrics": ["distance"]}
+    # aa_ray.envs.info_metrics); info["is_success"] (within SUCCESS_DISTANCE) gives eval/success.
+    # scripted_controller: what `aa-ray rollout --scripted` acts with (aa_ray.envs.controllers), by
+    # import path since the function is defined below the class
+    metadata = {
+        "render_modes": ["rgb_array"],
+        "render_fps": int(round(1.0 / DT)),
+        "info_metrics": ["distance"],
+        "scripted_controller": "aa_ray.envs.pusher_reach:scripted_action",
+    }
 
     def __init__(
         self, render_mode: str | None = None, width: int = 480, height: int = 480, obs_groups: bool = False

@@ -1,7 +1,7 @@
 """Waiting on actors: `ray.get` (or, for inline actors, reading their ready results) that turns an
 actor's failure into one readable error.
 
-Used by every driver that calls actors (the trainer, `aa_ray.data.rollout`). An actor that raised
+Used by every driver that calls actors (the trainer, `aa_ray.rollout.job`). An actor that raised
 surfaces as `TrainingError` with its own exception's message; an actor that is gone (killed, out
 of memory, its node lost) as `ActorLost`, which the trainer recovers from; a call whose argument was
 lost with its node's object store as `ObjectLost` (an `ActorLost`).

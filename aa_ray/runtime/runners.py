@@ -10,7 +10,7 @@ actor shell reports itself (`cluster.RayActors`), so a kind need not.
 | `vector` | `env_runner.py` | E gymnasium copies in one sync vector env, numpy, next-step autoreset |
 | `batched` | `batched_runner.py` | one `env.batched` env of E copies stepped in one call, tensors on its device |
 
-Recording datasets is not a runner's job: `aa-ray rollout` starts `aa_ray.data.recorder.DatasetRecorder`s.
+Recording datasets is not a runner's job: `aa-ray rollout` starts `aa_ray.rollout.recorder.DatasetRecorder`s.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from ray import tune
 
 from aa_ray import metric_names as m
 from aa_ray.data.minari_format import is_minari_folder
-from aa_ray.data.rollout import rollout_bundles
+from aa_ray.rollout.job import rollout_bundles
 from aa_ray.runtime import cluster
 from aa_ray.runtime.checkpoint import STATE_FILE, newest_checkpoint
 from aa_ray.spec.experiment import ExperimentSpec

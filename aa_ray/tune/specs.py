@@ -398,16 +398,16 @@ def load_pipeline(path: str | Path) -> Pipeline:
 
 
 def _check_scripted(spec: ExperimentSpec, stage: str, path: Path) -> None:
-    """SpecError unless the stage's env has a scripted controller (what the rollout looks up when it starts)."""
-    from aa_ray.data.scripted import scripted_controllers
+    """SpecError unless the stage's env declares a scripted controller (what the rollout looks up when
+    it starts; the env made once here to read its metadata)."""
+    from aa_ray.rollout.job import RolloutError, check_scripted
 
-    controllers = scripted_controllers()
-    if spec.env.id not in controllers:
-        raise SpecError(
-            f"{path}: stage {stage!r} scripted: true acts with the env's scripted controller, and env "
-            f"{spec.env.id!r} has none (envs with one: {', '.join(controllers)}); roll out a trained policy "
-            "instead (policy: STAGE.checkpoint), or use an env with a controller."
-        )
+    try:
+        check_scripted(spec, instead="roll out a trained policy instead (policy: STAGE.checkpoint), or use an env "
+                                     "with a controller")
+    except RolloutError as err:
+        raise SpecError(f"{path}: stage {stage!r} scripted: true acts with the env's scripted controller, and {err}") \
+            from None
 
 
 def _dependency_order(spec: PipelineSpec, path: Path) -> list[str]:

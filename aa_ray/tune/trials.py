@@ -102,13 +102,13 @@ def train_trial(config: dict[str, Any], on_finished: Callable[[dict[str, float]]
 
 
 def rollout_trial(config: dict[str, Any]) -> None:
-    """Record a dataset (`aa_ray.data.rollout`: Parquet, or Minari with `format: minari`) inside a
+    """Record a dataset (`aa_ray.rollout.job`: Parquet, or Minari with `format: minari`) inside a
     Tune trial; the MLflow child run holds its summary and lists the dataset as its input
     (`aa_ray.data.mlflow_inputs`). Reports the summary once."""
     from mlflow.tracking import MlflowClient
 
     from aa_ray.data.mlflow_inputs import track_rollout
-    from aa_ray.data.rollout import rollout
+    from aa_ray.rollout.job import rollout
 
     context = tune.get_context()
     spec = validate_spec(config["spec"], source=f"trial {context.get_trial_name()}")

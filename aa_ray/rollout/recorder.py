@@ -6,7 +6,7 @@ finished episodes out in the dataset's columns. It sits beside the rollout job, 
 training runners: training never records datasets, and a rollout needs none of a runner's
 replay bookkeeping (n-step windows, normalizer moments, env snapshots).
 
-A plain class, like the runtime's actors: `aa_ray.data.rollout` starts R of them as Ray actors (or
+A plain class, like the runtime's actors: `aa_ray.rollout.job` starts R of them as Ray actors (or
 in-process, inline) through an `ActorGraph` without learners, and tests use one in-process.
 """
 
@@ -24,11 +24,11 @@ import torch
 from aa_ray import seeding
 from aa_ray.algos.registry import build_policy
 from aa_ray.data import dataset as ds
-from aa_ray.data.scripted import scripted_controllers
 from aa_ray.envs import make_vector_env, vector_obs_dims
+from aa_ray.envs.controllers import checked_actions, declared_controller
 from aa_ray.envs.info_metrics import final_info, tracked_info_keys
-from aa_ray.nets.policy import ObsDims, to_bounds
-from aa_ray.records import EpisodeStats, Transitions
+from aa_ray.nets.policy import to_bounds
+from aa_ray.records import EpisodeStats, ObsDims, Transitions
 from aa_ray.spec.experiment import ExperimentSpec
 
 Step = tuple[np.ndarray, np.ndarray, float, np.ndarray, bool, bool]  # obs, action, reward, next_obs, term., trunc.
@@ -89,10 +89,11 @@ class DatasetRecorder:
 
     @cached_property
     def controller(self) -> Callable[[np.ndarray], np.ndarray]:
-        controller = scripted_controllers().get(self.spec.env.id)
+        """The scripted controller the env declares in its metadata (`aa_ray.envs.controllers`)."""
+        controller = declared_controller(self.episodes.envs, self.spec.env)
         if controller is None:
             raise ValueError(f"env {self.spec.env.id} has no scripted controller")
-        return lambda obs: np.clip(controller(obs), -1.0, 1.0).astype(np.float32)
+        return lambda obs: checked_actions(controller, obs, self.act_dim)
 
     def env_dims(self) -> tuple[ObsDims, int]:
         """The observation features and act_dim of the env this recorder made: the driver checks them."""

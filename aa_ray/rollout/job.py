@@ -5,6 +5,7 @@ each stepping its E env copies with a checkpoint's policy or the env's scripted 
 runner a share of the episodes in rounds (one `rollout` call per runner per round) and streams
 every round's episodes into the dataset while the next round runs: a Parquet file (the default,
 `aa_ray/data/dataset.py`) or, with `format="minari"`, a Minari dataset (`aa_ray/data/minari_format.py`).
+The scripted controller is the one the env declares in its metadata (`aa_ray.envs.controllers`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ import pyarrow as pa
 
 from aa_ray.data import minari_format
 from aa_ray.data.dataset import DatasetMeta, DatasetWriter, dataset_meta
-from aa_ray.data.scripted import scripted_controllers
-from aa_ray.errors import write_failure
+from aa_ray.errors import SpecError, write_failure
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import spec_to_dict, validate_spec
 from aa_ray.spec.trust import named_code, refuse_untrusted_code
@@ -74,11 +74,23 @@ def policy_from_checkpoint(spec: ExperimentSpec, checkpoint: str | Path,
     return validate_spec({**spec_to_dict(spec), "algo": spec_to_dict(trained)["algo"]}, source=source), state
 
 
-def check_scripted(spec: ExperimentSpec) -> None:
-    if spec.env.id not in scripted_controllers():
+def check_scripted(spec: ExperimentSpec, instead: str = "use --checkpoint to roll out a trained policy") -> None:
+    """RolloutError unless the spec's env declares a scripted controller that loads; `instead` says
+    what else the user can do (in the command line's words by default)."""
+    from aa_ray.envs.controllers import METADATA_KEY
+    from aa_ray.envs.make import scripted_controller
+
+    try:
+        declared = scripted_controller(spec)
+    except SpecError:  # the env itself cannot be made: its own error
+        raise
+    except ValueError as err:  # the declaration is wrong, or its module does not import
+        raise RolloutError(f"env {spec.env.id!r}: {err}") from None
+    if declared is None:
         raise RolloutError(
-            f"env {spec.env.id!r} has no scripted controller (envs with one: {', '.join(scripted_controllers())}); "
-            "use --checkpoint to roll out a trained policy."
+            f"env {spec.env.id!r} has no scripted controller (an env declares one in its metadata[{METADATA_KEY!r}], "
+            "e.g. 'mypkg.controllers:reach', a function from a batch of observations to actions in [-1, 1]); "
+            f"{instead}."
         )
 
 
@@ -166,9 +178,9 @@ def rollout(
     beyond what `spec` names (`aa_ray.spec.trust`). `overwrite`: replace a Parquet dataset already at
     `out` (refused otherwise; a Minari dataset is never replaced). A disk that fills up is a
     RolloutError, with nothing of the dataset left behind."""
-    from aa_ray.data.recorder import DatasetRecorder
     from aa_ray.envs import env_dims
     from aa_ray.envs.info_metrics import metric_name
+    from aa_ray.rollout.recorder import DatasetRecorder
     from aa_ray.runtime import cluster
     from aa_ray.runtime.graph import ActorGraph
     from aa_ray.runtime.remote import get_results
