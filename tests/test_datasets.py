@@ -19,13 +19,14 @@ from aa_ray import cli
 from aa_ray.data import dataset as ds
 from aa_ray.data.dataset import DatasetError, DatasetMeta, write_dataset
 from aa_ray.data.sources import read_dataset
-from aa_ray.records import Transitions
-from aa_ray.rollout.job import RolloutError, policy_from_checkpoint, rollout
+from aa_ray.records import CheckpointParts, Transitions
+from aa_ray.rollout.job import RolloutError, check_scripted, policy_from_checkpoint, rollout
 from aa_ray.rollout.recorder import DatasetRecorder
 from aa_ray.runtime.checkpoint import save_checkpoint
 from aa_ray.runtime.learner import Learner
 from aa_ray.runtime.replay import ReplayBuffer, prior_rows
 from aa_ray.runtime.trainer import Trainer
+from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import apply_overrides, load_spec, validate_spec
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
@@ -279,7 +280,7 @@ def test_rollout_errors_are_explained_before_ray_starts(tmp_path: Path, capsys) 
     assert code == 2 and "env 'Pendulum-v1' has no scripted controller" in err and "--checkpoint" in err
     # a checkpoint trained on another env
     pendulum = load_spec(SPECS / "sac_pendulum.yaml")
-    save_checkpoint(tmp_path / "ckpt", pendulum, {"learner": Learner(pendulum, 3, 1).state_dict()})
+    save_checkpoint(tmp_path / "ckpt", pendulum, CheckpointParts(learner=Learner(pendulum, 3, 1).state_dict()))
     code = cli.main(
         ["rollout", str(SPECS / "rlpd.yaml"), "--episodes", "2", "--out", out, "--checkpoint", str(tmp_path / "ckpt")]
     )
@@ -295,7 +296,7 @@ def test_a_checkpoint_whose_algo_does_not_fit_the_rollout_spec_is_refused(tmp_pa
     """The spec to roll out with takes the checkpoint's algo and is validated whole: a PPO policy
     cannot be rolled out with an async-mode spec (async needs an off-policy algorithm)."""
     ppo = load_spec(SPECS / "ppo.yaml")
-    save_checkpoint(tmp_path / "ckpt", ppo, {"learner": Learner(ppo, 10, 2).state_dict()})
+    save_checkpoint(tmp_path / "ckpt", ppo, CheckpointParts(learner=Learner(ppo, 10, 2).state_dict()))
     out = tmp_path / "d.parquet"
     code = cli.main(["rollout", str(SPECS / "sac.yaml"), "--set", "runtime.mode=async", "--episodes", "2",
                      "--out", str(out), "--checkpoint", str(tmp_path / "ckpt")])
@@ -352,6 +353,75 @@ def test_recorder_returns_whole_numbered_episodes_and_carries_the_rest_over() ->
     assert second[ds.EPS_ID].tolist() == [13] * 4 + [14] * 4 and second[ds.T].tolist() == [0, 1, 2, 3] * 2
 
 
+# ---- scripted controllers: declared by the env, in its metadata ---------------------------------------
+
+
+def half_throttle(obs: np.ndarray) -> np.ndarray:
+    return np.full((len(obs), 1), 0.5)
+
+
+class ControlledCountingEnv(CountingEnv):
+    metadata = {"scripted_controller": f"{__name__}:half_throttle"}  # as an import path, like pusher-reach's
+
+
+class CallableControllerEnv(CountingEnv):
+    metadata = {"scripted_controller": lambda obs: np.full((len(obs), 1), -3.0)}  # the function itself
+
+
+def counting_spec(entry_point: type[gym.Env], *overrides: str) -> ExperimentSpec:
+    raw = {"name": "counting", "env": {"id": "counting", "entry_point": entry_point, "max_episode_steps": 4},
+           "algo": {"name": "sac", "warm_up_steps": 10, "actor_hidden_dims": [8], "critic_hidden_dims": [8]},
+           "budget": {"env_steps": 1000}, "runners": {"envs_per_runner": 2}}
+    return validate_spec(apply_overrides(raw, list(overrides)))
+
+
+def test_an_env_declares_its_own_scripted_controller(tmp_path: Path) -> None:
+    """A user's env ships its controller in metadata["scripted_controller"], by import path or as the
+    function itself; actions are clipped to [-1, 1] and recorded in the policy's space."""
+    spec = counting_spec(ControlledCountingEnv)
+    check_scripted(spec)
+    columns, stats = DatasetRecorder(spec, index=0).rollout(2, first_eps_id=0, scripted=True)
+    assert len(stats) == 2 and (columns[ds.ACTIONS] == 0.5).all()
+    columns, _ = DatasetRecorder(counting_spec(CallableControllerEnv), index=0).rollout(1, 0, scripted=True)
+    assert (columns[ds.ACTIONS] == -1.0).all()
+    inline = counting_spec(ControlledCountingEnv, "runtime.backend=inline")
+    summary = rollout(inline, tmp_path / "scripted.parquet", 3, scripted=True, report=lambda line: None)
+    assert summary["producer"] == "scripted" and summary["episodes"] == 3 and not ray.is_initialized()
+
+
+class NoSuchModuleControllerEnv(CountingEnv):
+    metadata = {"scripted_controller": "no_such_controllers:reach"}
+
+
+class NotAFunctionControllerEnv(CountingEnv):
+    metadata = {"scripted_controller": 3}
+
+
+class WrongShapeControllerEnv(CountingEnv):
+    metadata = {"scripted_controller": lambda obs: np.zeros((len(obs), 2))}
+
+
+@pytest.mark.parametrize(("env_class", "says"), [
+    (CountingEnv, "env 'counting' has no scripted controller (an env declares one in its "
+                  "metadata['scripted_controller']"),
+    (NoSuchModuleControllerEnv, "NoSuchModuleControllerEnv.metadata['scripted_controller']: importing "
+                                "'no_such_controllers'"),
+    (NotAFunctionControllerEnv, "NotAFunctionControllerEnv.metadata['scripted_controller'] must be a function"),
+])
+def test_a_missing_or_wrong_controller_declaration_is_refused_before_a_rollout_starts(
+    env_class: type[gym.Env], says: str
+) -> None:
+    with pytest.raises(RolloutError) as refused:
+        check_scripted(counting_spec(env_class))
+    assert says in str(refused.value)
+
+
+def test_a_controller_that_returns_the_wrong_shape_is_named() -> None:
+    recorder = DatasetRecorder(counting_spec(WrongShapeControllerEnv), index=0)
+    with pytest.raises(ValueError, match=r"scripted controller .*<lambda> returned actions of shape \(2, 2\)"):
+        recorder.rollout(1, 0, scripted=True)
+
+
 # ---- on a real local Ray ------------------------------------------------------------------------
 
 
@@ -369,7 +439,7 @@ def test_a_checkpoint_rolls_out_inline_with_no_ray_started(tmp_path: Path) -> No
     graph without learners), acting deterministically with the checkpoint's weights."""
     spec = load_spec(SPECS / "rlpd.yaml", ["runtime.backend=inline", "runners.num_runners=2"])
     learner = Learner(spec, 10, 2)
-    save_checkpoint(tmp_path / "ckpt", spec, {"learner": learner.state_dict()})
+    save_checkpoint(tmp_path / "ckpt", spec, CheckpointParts(learner=learner.state_dict()))
     summary = rollout(spec, tmp_path / "inline.parquet", 3, checkpoint=tmp_path / "ckpt", deterministic=True,
                       report=lambda line: None)
     assert not ray.is_initialized()
@@ -438,7 +508,7 @@ class TestOnRay:
     def test_checkpoint_rollout_and_a_short_rlpd_run(self, tmp_path: Path) -> None:
         spec = load_spec(SPECS / "rlpd.yaml")
         learner = Learner(spec, 10, 2)
-        save_checkpoint(tmp_path / "ckpt", spec, {"learner": learner.state_dict()})
+        save_checkpoint(tmp_path / "ckpt", spec, CheckpointParts(learner=learner.state_dict()))
         out = tmp_path / "policy.parquet"
         code = cli.main(
             [
