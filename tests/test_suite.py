@@ -208,12 +208,15 @@ def at(minute: float) -> int:
 def logged_run(client: MlflowClient, experiment_id: str, start: float, end: float,
                evals: list[tuple[float, int, float]], resumes: list[tuple[float, int]] = (),
                alive: list[float] = (), tags: dict[str, str] | None = None,
-               params: dict[str, str] | None = None) -> str:
+               params: dict[str, str] | None = None, updates: list[tuple[float, int, float]] = ()) -> str:
     """A run from minute `start` to `end`: eval/return (minute, env steps, value) with env/steps beside
-    each, env/steps alone at the `alive` minutes, run/resumed_at (minute, env steps) markers."""
+    each, env/steps alone at the `alive` minutes, run/resumed_at (minute, env steps) markers, and
+    learner/gradient_updates (minute, env steps, count) as the learner reports them."""
     run_id = client.create_run(experiment_id, start_time=at(start), tags={**MACHINE, **(tags or {})}).info.run_id
     for key, value in (params or {}).items():
         client.log_param(run_id, key, value)
+    for minute, step, count in updates:
+        client.log_metric(run_id, "learner/gradient_updates", count, timestamp=at(minute), step=step)
     for minute, step, value in evals:
         client.log_metric(run_id, "eval/return", value, timestamp=at(minute), step=step)
         client.log_metric(run_id, "env/steps", step, timestamp=at(minute), step=step)
@@ -302,3 +305,48 @@ def test_suite_minutes_to_reach_the_sb3_median(tmp_path: Path) -> None:
     given = make_report(tmp_path / "given", parent=parent, threshold=-500.0)  # X given: sac at 2, 1 and 4
     assert {row["label"]: row["minutes_to_reach_X"] for row in given["minutes"]}["sac"] == pytest.approx(2.0)
     assert {row["X_is"] for row in given["minutes"]} == {"--threshold"}
+
+
+def test_minutes_to_reach_count_only_a_held_score_after_learning_started(tmp_path: Path) -> None:
+    """Ant at 50k steps as it happened (issue 36): the policy evaluated after the random warm-up scores
+    980 from the alive bonus, above both contenders' trained returns at 50k (X = SB3's median, 543).
+    Evaluations before the first gradient update do not count, nor does one evaluation above X that
+    the next two do not hold: aa-ray's seed reaches X at its last evaluation (8 of its minutes), SB3's
+    at its last (10; its learner count is 0 until learning starts, as bench_sb3_suite logs it), not in
+    the first minute; the report says X is below the untrained policy's return."""
+    client = MlflowClient()
+    experiment_id = client.create_experiment("aa-ray")
+    parent = client.create_run(experiment_id, tags={"aa_ray.kind": "suite"}).info.run_id
+    tags = {PARENT_TAG: parent, ENV_TAG: "Ant-v5"}
+    warm_up = [(0.13, 5000, 980.0)]  # the untrained policy, evaluated after the warm-up
+    logged_run(client, experiment_id, 0, 9, [*warm_up, (2, 10_000, 300.0), (4, 20_000, 600.0), (5, 30_000, 400.0),
+                                             (6, 40_000, 500.0), (8, 50_000, 560.0)],
+               tags={**tags, LABEL_TAG: "fast_cpu"}, params={"algo.name": "fast_sac"},
+               updates=[(0.2, 5_100, 100.0), (8, 50_000, 45_000.0)])
+    logged_run(client, experiment_id, 0, 11, [(0.27, 5000, 975.0), (6, 30_000, 200.0), (10, 50_000, 543.0)],
+               tags={**tags, LABEL_TAG: "sb3_sac"}, params={"algo.name": "sac", "contender": "stable-baselines3 2"},
+               updates=[(0.27, 5000, 0.0), (6, 30_000, 25_000.0), (10, 50_000, 45_000.0)])
+
+    result = make_report(tmp_path / "report", parent=parent)
+    rows = {row["label"]: row for row in result["minutes"]}
+    assert {label: (row["X"], row["minutes_to_reach_X"], row["reached"]) for label, row in rows.items()} == {
+        "fast_cpu": (543.0, pytest.approx(8.0), "1/1"), "sb3_sac": (543.0, pytest.approx(10.0), "1/1")}
+    assert rows["fast_cpu"]["untrained_return"] == 980.0 and rows["sb3_sac"]["untrained_return"] == 975.0
+    assert all("no better than the untrained policy's" in row["note"] for row in rows.values())
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert "evaluations of the untrained policy do not count" in page and "untrained policy&#x27;s 980" in page
+
+    # the plain report, threshold 700: above every trained evaluation, below the untrained 980, so the
+    # fast run never reaches it; a run that never logged its learner count has every evaluation
+    # counted (980 held by the median of 980 and 760) and the row says so
+    legacy = logged_run(client, experiment_id, 20, 30, [(21, 5000, 980.0), (29, 50_000, 760.0)],
+                        params={"algo.name": "legacy"})
+    fast = next(run.info.run_id for run in client.search_runs([experiment_id])
+                if run.data.params.get("algo.name") == "fast_sac")
+    plain = make_report(tmp_path / "plain", run_ids=[fast, legacy], threshold=700.0)["rows"]
+    rows = {row["group"]: row for row in plain}
+    assert {group: (row["minutes_to_threshold"], row["steps_to_threshold"]) for group, row in rows.items()} == {
+        "algo.name=fast_sac": (NOT_REACHED, NOT_REACHED), "algo.name=legacy": (pytest.approx(1.0), 5000.0)}
+    assert "no better than the untrained policy's 980" in rows["algo.name=fast_sac"]["note"]
+    assert rows["algo.name=legacy"]["note"] == ("a run logged no learner/gradient_updates: its evaluations before "
+                                                "learning count too")

@@ -1,6 +1,6 @@
 """What both reports are made of: a run's learning curve read from MLflow (the newest attempt of a
 resumed run) against env steps and against the run's own wall-clock time, curves aggregated over
-seeds, time to reach a value, which runs shared a machine, and the self-contained HTML page.
+seeds, when a run reached a value, which runs shared a machine, and the self-contained HTML page.
 
 A run's time is read from its metrics' timestamps (when each was logged), in minutes since the
 MLflow run was created, less the time it was stopped: a resumed run's clock skips from the last
@@ -8,7 +8,16 @@ point its interrupted attempt logged (any `env/steps` or curve point; the driver
 with every metrics batch, every few seconds) to its resume marker (`run/resumed_at`). The work an
 interrupted attempt did past its checkpoint, redone after the resume, counts: the run spent it.
 The trainer's own time metrics cannot give this clock: `time/<phase>_s` phases overlap (they say
-how busy each part was, not the wall time) and `env/steps_per_s` is a windowed rate."""
+how busy each part was, not the wall time) and `env/steps_per_s` is a windowed rate.
+
+When a run reached a value X (`reached`, the "to reach X" columns): at the first evaluation taken
+after its first gradient update (the first step its `learner/gradient_updates` is above 0) whose
+value, with the next `HOLD_EVALS - 1` evaluations' (fewer at the end of the run), has a median at
+or past X. An evaluation before learning scores the policy as initialised: on Ant its alive bonus
+beats what 50k steps of training return, so counting it would say the run reached X before it
+learned anything, and one lucky evaluation is not a score the run holds. A run that never logged
+`learner/gradient_updates` (a contender from before it was logged) has all its evaluations counted,
+and the report says so (`REACH_RULE`)."""
 
 from __future__ import annotations
 
@@ -29,6 +38,10 @@ from aa_ray.tracking.machine import CPU_COUNT_TAG, CPU_TAG, HOST_TAG
 
 GRID_POINTS = 200
 NOT_REACHED = "not reached"
+HOLD_EVALS = 3  # X is reached where the median of an evaluation and the next two is at or past it
+REACH_RULE = (f"A run reaches X at its first evaluation after its first gradient update where the median of "
+              f"that evaluation and the next {HOLD_EVALS - 1} (fewer at the run's end) is at or past X; "
+              "evaluations of the untrained policy do not count.")
 Interval = tuple[float, float]  # wall-clock milliseconds, start and end
 
 
@@ -43,6 +56,8 @@ class Curve:
     seconds: np.ndarray  # the run's own wall-clock seconds since it started, without the time it was stopped
     values: np.ndarray
     running: list[Interval] = field(default_factory=list)  # when it ran (the stops left out)
+    # env steps of its first gradient update; inf: it never learned; None: the run did not log it
+    learning_from: float | None = None
 
     @property
     def minutes(self) -> np.ndarray:
@@ -108,13 +123,57 @@ def load_curve(client: MlflowClient, run: Run, metric: str) -> Curve | None:
         running_seconds([point.timestamp for point in kept], start_ms, gaps),
         np.array([point.value for point in kept]),
         running_intervals(start_ms, end_ms, gaps),
+        learning_from(client.get_metric_history(run.info.run_id, metric_names.LEARNER_GRADIENT_UPDATES)),
     )
 
 
-def first_reached(xs: np.ndarray, values: np.ndarray, target: float, mode: str = "max") -> float | None:
-    """The x of the first point at or past `target` (above it for `max`, below for `min`); None if none is."""
-    reached = values >= target if mode == "max" else values <= target
-    return float(xs[np.argmax(reached)]) if reached.any() else None
+def learning_from(gradient_updates: Sequence[Metric]) -> float | None:
+    """The env steps at which the run's learner count first rose above 0 (inf when it never did;
+    None when the run logged no count)."""
+    if not gradient_updates:
+        return None
+    learned = [point.step for point in gradient_updates if point.value > 0]
+    return float(min(learned)) if learned else float("inf")
+
+
+def reached(curve: Curve, target: float, axis: str = "minutes", mode: str = "max") -> float | None:
+    """The `axis` value (minutes or steps) at which the curve reached `target` for good (see the
+    module's doc: after learning started, held by the median of the next evaluations); None if never.
+    `mode` max: at or above the target; min: at or below it."""
+    xs, values = getattr(curve, axis), curve.values
+    counted = np.ones(len(values), bool) if curve.learning_from is None else curve.steps >= curve.learning_from
+    for index in np.flatnonzero(counted):
+        held = float(np.median(values[index:index + HOLD_EVALS]))
+        if held >= target if mode == "max" else held <= target:
+            return float(xs[index])
+    return None
+
+
+def untrained_return(curves: Sequence[Curve]) -> float | None:
+    """The median over the curves' evaluations taken before their first gradient update (the policy
+    as initialised, which warm-up steps do not change); None when no run evaluated before learning."""
+    before = [c.values[c.steps < c.learning_from] for c in curves if c.learning_from is not None]
+    pooled = np.concatenate(before) if before else np.array([])
+    return float(np.median(pooled)) if pooled.size else None
+
+
+def reach_columns(curves: Sequence[Curve], target: float, mode: str = "max") -> dict[str, Any]:
+    """A group's "to reach X" columns: median minutes and env steps over its runs (a run that never
+    reached X counting as later than any that did), how many reached it, the untrained policy's
+    return, and a note when X is no better than that return, or a run's learning start is unknown."""
+    minutes = median_reached([reached(c, target, "minutes", mode) for c in curves])
+    steps = [reached(c, target, "steps", mode) for c in curves]
+    untrained = untrained_return(curves)
+    notes = []
+    if untrained is not None and (untrained >= target if mode == "max" else untrained <= target):
+        notes.append(f"X is no better than the untrained policy's {untrained:.4g}: reaching it says little about "
+                     "learning")
+    if any(c.learning_from is None for c in curves):
+        notes.append("a run logged no learner/gradient_updates: its evaluations before learning count too")
+    return {"minutes_to_reach_X": NOT_REACHED if minutes is None else minutes,
+            "env_steps_to_reach_X": NOT_REACHED if (s := median_reached(steps)) is None else s,
+            "reached": f"{sum(s is not None for s in steps)}/{len(steps)}",
+            "untrained_return": untrained, "note": "; ".join(notes)}
 
 
 def median_reached(firsts: Sequence[float | None]) -> float | None:

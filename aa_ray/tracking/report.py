@@ -2,7 +2,8 @@
 steps and against each run's own wall-clock minutes, see `curves.py`) with the seeds of each
 configuration aggregated (median line, min-max band), as a PNG and a self-contained HTML page, and
 a summary table (final value, env steps and minutes to a threshold, throughput, runs that shared
-the machine), with the CPU the runs ran on.
+the machine), with the CPU the runs ran on. A run reaches the threshold once it holds it after it
+started learning (`curves.reached`); the table gives the untrained policy's return beside it.
 
 Runs are grouped by their params with the seed left out, so runs that differ only in seed are
 one curve; a group is labelled by the params that differ between groups.
@@ -22,19 +23,9 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from aa_ray import metric_names
+from aa_ray.tracking import curves as learning_curves
 from aa_ray.tracking.credentials import without_credentials
-from aa_ray.tracking.curves import (
-    NOT_REACHED,
-    Curve,
-    ReportError,
-    aggregate,
-    first_reached,
-    load_curve,
-    machine_note,
-    median_reached,
-    runs_at_once,
-    write_html,
-)
+from aa_ray.tracking.curves import Curve, ReportError  # ReportError: what the CLI catches, from here
 from aa_ray.tracking.mlflow_tracker import PARENT_TAG, resolved_tracking_uri, search_all_runs
 from aa_ray.tracking.suite_report import make_suite_report
 
@@ -87,12 +78,10 @@ def summary_rows(client: MlflowClient, groups: list[Group], threshold: float | N
             "final_min": float(np.min(finals)), "final_max": float(np.max(finals)),
         }
         if threshold is not None:
-            steps = [first_reached(c.steps, c.values, threshold, mode) for c in group.curves]
-            solved = [s for s in steps if s is not None]
-            row["steps_to_threshold"] = float(np.median(solved)) if solved else None
-            minutes = median_reached([first_reached(c.minutes, c.values, threshold, mode) for c in group.curves])
-            row["minutes_to_threshold"] = NOT_REACHED if minutes is None else minutes
-            row["reached"] = f"{len(solved)}/{len(steps)}"
+            reach = learning_curves.reach_columns(group.curves, threshold, mode)
+            row |= {"steps_to_threshold": reach["env_steps_to_reach_X"],
+                    "minutes_to_threshold": reach["minutes_to_reach_X"], "reached": reach["reached"],
+                    "untrained_return": reach["untrained_return"], "note": reach["note"]}
         rates = []
         for run in group.runs:
             history = client.get_metric_history(run.info.run_id, metric_names.ENV_STEPS_PER_S)
@@ -145,19 +134,21 @@ def make_report(
         raise ReportError("no runs matched (check --experiment, --parent or --runs)")
     groups = group_runs(runs)
     for group in groups:
-        group.curves = [c for c in (load_curve(client, run, metric) for run in group.runs) if c is not None]
+        loaded = (learning_curves.load_curve(client, run, metric) for run in group.runs)
+        group.curves = [c for c in loaded if c is not None]
     groups = [g for g in groups if g.curves]
     if not groups:
         raise ReportError(f"none of the {len(runs)} runs logged {metric!r}")
-    data = {g.label: {"runs": [c.run_id for c in g.curves], "env_steps": aggregate(g.curves, "steps"),
-                      "minutes": aggregate(g.curves, "minutes")} for g in groups}
-    at_once = runs_at_once(runs, [c for g in groups for c in g.curves])
+    data = {g.label: {"runs": [c.run_id for c in g.curves], "env_steps": learning_curves.aggregate(g.curves, "steps"),
+                      "minutes": learning_curves.aggregate(g.curves, "minutes")} for g in groups}
+    at_once = learning_curves.runs_at_once(runs, [c for g in groups for c in g.curves])
     rows = summary_rows(client, groups, threshold, mode, at_once)
-    machine = machine_note([run for g in groups for run in g.runs], at_once)
+    machine = learning_curves.machine_note([run for g in groups for run in g.runs], at_once)
     out.mkdir(parents=True, exist_ok=True)
     png = plot(data, metric, out / "report.png")
     title = f"aa-ray report: {metric} ({datetime.now():%Y-%m-%d %H:%M})"
-    write_html(out / "report.html", title, [png], {"Summary": rows}, data, runs, [machine])
+    notes = [machine, learning_curves.REACH_RULE] if threshold is not None else [machine]
+    learning_curves.write_html(out / "report.html", title, [png], {"Summary": rows}, data, runs, notes)
     (out / "summary.json").write_text(json.dumps({"metric": metric, "rows": rows, "curves": data,
                                                   "machine": machine}, indent=1))
     if parent:

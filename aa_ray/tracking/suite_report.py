@@ -6,8 +6,9 @@
   and the same curves against each run's own wall-clock minutes (`curves.py`).
 - A table of ours vs published at equal steps (ours: the median over seeds of each seed's curve
   read at that step; only steps every seed reached).
-- Minutes to reach X per env and label: the median over seeds of the minutes until an evaluation
-  first reached X (a seed that never did counts as later than any that did), X being `--threshold`
+- Minutes to reach X per env and label: the median over seeds of the minutes until a seed reached X
+  after it started learning and held it (`curves.reached`; a seed that never did counts as later
+  than any that did), with the untrained policy's return beside it, X being `--threshold`
   when given, else the SB3 contender's median return at the env steps all its seeds reached (its
   budget, once finished). With the CPU the runs ran on and how many ran at once.
 - Across envs, as the field now aggregates: the interquartile mean of normalized scores,
@@ -30,18 +31,8 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from aa_ray.spec.yaml_files import read_yaml_file
-from aa_ray.tracking.curves import (
-    NOT_REACHED,
-    Curve,
-    ReportError,
-    aggregate,
-    first_reached,
-    load_curve,
-    machine_note,
-    median_reached,
-    runs_at_once,
-    write_html,
-)
+from aa_ray.tracking import curves as learning_curves
+from aa_ray.tracking.curves import Curve, ReportError
 from aa_ray.tracking.mlflow_tracker import PARENT_TAG, search_all_runs
 
 # the tags a suite's child runs carry (`aa_ray.tune.suite` writes them; other contenders may too)
@@ -121,13 +112,12 @@ def minutes_rows(curves: dict[tuple[str, str], list[Curve]], targets: dict[str, 
         if env_id not in targets:
             continue
         target, source = targets[env_id]
-        firsts = [first_reached(c.minutes, c.values, target) for c in group]
-        minutes = median_reached(firsts)
+        reach = learning_curves.reach_columns(group, target)
         rows.append({"env": env_id, "label": label, "X": target, "X_is": source,
-                     "minutes_to_reach_X": NOT_REACHED if minutes is None else minutes,
-                     "reached": f"{sum(f is not None for f in firsts)}/{len(firsts)}",
+                     "minutes_to_reach_X": reach["minutes_to_reach_X"], "reached": reach["reached"],
+                     "untrained_return": reach["untrained_return"],
                      "minutes_run_median": float(np.median([c.minutes.max() for c in group])),
-                     "runs_at_once": max(at_once[c.run_id] for c in group)})
+                     "runs_at_once": max(at_once[c.run_id] for c in group), "note": reach["note"]})
     return rows
 
 
@@ -226,7 +216,7 @@ def make_suite_report(client: MlflowClient, out: Path, parent: str, metric: str,
     algos: dict[str, str] = {}
     reference_labels: set[str] = set()
     for run in runs:
-        curve = load_curve(client, run, metric)
+        curve = learning_curves.load_curve(client, run, metric)
         if curve is None:
             continue
         label, env_id = run.data.tags[LABEL_TAG], run.data.tags[ENV_TAG]
@@ -241,9 +231,10 @@ def make_suite_report(client: MlflowClient, out: Path, parent: str, metric: str,
     data: dict[str, dict[str, dict]] = {}
     by_minutes: dict[str, dict[str, dict]] = {}
     for (label, env_id), group in curves.items():
-        data.setdefault(env_id, {})[label] = {**aggregate(group, "steps"), "seeds": len(group),
+        data.setdefault(env_id, {})[label] = {**learning_curves.aggregate(group, "steps"), "seeds": len(group),
                                               "runs": [c.run_id for c in group]}
-        by_minutes.setdefault(env_id, {})[label] = {**aggregate(group, "minutes"), "seeds": len(group)}
+        by_minutes.setdefault(env_id, {})[label] = {**learning_curves.aggregate(group, "minutes"),
+                                                    "seeds": len(group)}
     markers = {env_id: [ref for ref in returns if ref["env"] == env_family(env_id)
                         and ref["algo"] in {algos[label] for label in by_label}]
                for env_id, by_label in data.items()}
@@ -251,9 +242,9 @@ def make_suite_report(client: MlflowClient, out: Path, parent: str, metric: str,
     scores, envs, common = normalized_scores(curves, published.get("normalization") or {})
     iqm = iqm_rows(scores)
     reported = [run for run in runs if any(c.run_id == run.info.run_id for group in curves.values() for c in group)]
-    at_once = runs_at_once(reported, [c for group in curves.values() for c in group])
+    at_once = learning_curves.runs_at_once(reported, [c for group in curves.values() for c in group])
     minutes = minutes_rows(curves, reach_targets(curves, reference_labels, threshold), at_once)
-    machine = machine_note(reported, at_once)
+    machine = learning_curves.machine_note(reported, at_once)
     out.mkdir(parents=True, exist_ok=True)
     png = plot_suite(data, markers, iqm, out / "report.png")
     png_time = plot_suite(by_minutes, {}, [], out / "report_time.png", "minutes since the run started (stops left out)")
@@ -262,7 +253,8 @@ def make_suite_report(client: MlflowClient, out: Path, parent: str, metric: str,
               "Minutes to reach X (each run's own wall-clock)": minutes,
               "Interquartile mean of normalized scores across envs": iqm,
               "Env steps of the normalized scores": [{"env": e, "env_steps": int(common[e])} for e in envs]}
-    write_html(out / "report.html", title, [png, png_time], tables, data, runs, [machine])
+    learning_curves.write_html(out / "report.html", title, [png, png_time], tables, data, runs,
+                               [machine, learning_curves.REACH_RULE])
     summary = {"metric": metric, "comparison": rows, "minutes_to_reach": minutes, "machine": machine, "iqm": iqm,
                "score_steps": common, "curves": data, "curves_by_minutes": by_minutes, "markers": markers}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
