@@ -76,6 +76,12 @@ def rollout(seed: int = 0, steps: int = 8, envs: int = 2) -> Rollout:
     return Rollout(column(OBS_DIM), column(ACT_DIM), column() - 2.0, column(), column(), column(), ended, ended.flip(0))
 
 
+def parts_of(algo):
+    """What the update reads: the SAC family's, TD3's and CrossQ's `ActorCriticParts`; the other
+    algorithms hold theirs as attributes."""
+    return getattr(algo, "agent", algo)
+
+
 def data_for(name: str, seed: int = 0):
     return off_policy_batch(seed=seed) if name in OFF_POLICY else rollout(seed)
 
@@ -111,10 +117,10 @@ def test_updates_draw_from_the_given_generator_only(name: str) -> None:
     and the generator moved on."""
     algo = build(name)
     merge_some_stats(algo)
-    global_state, given_state = torch.get_rng_state(), algo.generator.get_state()
+    global_state, given_state = torch.get_rng_state(), parts_of(algo).generator.get_state()
     algo.update(data_for(name))
     assert torch.equal(torch.get_rng_state(), global_state)
-    assert not torch.equal(algo.generator.get_state(), given_state)
+    assert not torch.equal(parts_of(algo).generator.get_state(), given_state)
 
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))
@@ -129,9 +135,9 @@ def test_state_dict_round_trips_into_a_fresh_instance(name: str) -> None:
     assert any(not torch.equal(a, b) for a, b in before)
     fresh.load_state_dict(copy.deepcopy(algo.state_dict()))
 
-    algo.generator.manual_seed(3)  # the learner checkpoints its generator; here both are given one stream
+    parts_of(algo).generator.manual_seed(3)  # the learner checkpoints its generator; here both are given one stream
     expected = diagnostics_to_floats(algo.update(data_for(name, seed=2)))
-    fresh.generator.manual_seed(3)
+    parts_of(fresh).generator.manual_seed(3)
     actual = diagnostics_to_floats(fresh.update(data_for(name, seed=2)))
     assert actual.keys() == expected.keys()
     for key, value in expected.items():
@@ -152,9 +158,11 @@ def test_each_config_names_its_family() -> None:
 
 def critic_values(algo, batch: Batch) -> torch.Tensor:
     """The online critics' Q (C, B) on a batch, as the critic step sees them before it steps."""
+    one_batch_of_both = isinstance(algo, CrossQ)
+    algo = parts_of(algo)
     with torch.no_grad():
         obs = algo.policy.obs_norm(batch.obs)
-        if isinstance(algo, CrossQ):  # its step normalizes [(s, a); (s', a')] as one batch: the same a' noise
+        if one_batch_of_both:  # CrossQ normalizes [(s, a); (s', a')] as one batch: the same a' noise
             same_noise = torch.Generator().set_state(algo.generator.get_state())
             with evaluating(algo.policy):
                 next_action, _ = algo.policy(batch.next_obs, same_noise)

@@ -58,20 +58,20 @@ def test_crossq_checkpoints_its_statistics_and_has_no_target_networks() -> None:
     _, learner = trained("crossq.yaml")
     parts = learner.algo.parts()
     assert "critic_target" not in parts and "actor_target" not in parts
-    state = learner.state_dict()["algo"]
+    state = learner.state_dict().algo
     restored = Learner(load_spec(SPECS / "crossq.yaml", SMALL), 10, 2)
     restored.load_state_dict(learner.state_dict())
     for net in ("policy", "critic"):
         stats = {key: value for key, value in state[net].items() if "running_" in key or key.endswith("steps")}
         assert len(stats) == 9  # (mean, var, steps) of 3 layers
-        loaded = getattr(restored.algo, net).state_dict()
+        loaded = getattr(restored.algo.agent, net).state_dict()
         assert all(torch.equal(loaded[key], value) for key, value in stats.items())
 
 
 def test_crossq_trains_under_bf16_autocast_and_keeps_its_running_statistics_fp32() -> None:
     """specs/mujoco/fast_cpu.yaml's precision: the layers run in bf16, the statistics they average stay fp32."""
     runner, learner = trained("crossq.yaml", "algo.precision=bf16", "algo.renorm_warmup_steps=5")
-    nets = (learner.algo.policy, learner.algo.critic)
+    nets = (learner.algo.policy, learner.algo.agent.critic)
     layers = [m for net in nets for m in net.modules() if isinstance(m, BatchRenorm)]
     assert len(layers) == 6 and all(int(m.steps) > 0 for m in layers)
     assert all(m.running_mean.dtype == m.running_var.dtype == torch.float32 for m in layers)
@@ -105,7 +105,7 @@ def test_droq_critics_drop_units_in_every_training_forward_and_never_in_eval() -
     _, learner = trained("droq.yaml", "algo.utd_ratio=2", "algo.dropout_rate=0.2")
     algo = learner.algo
     obs, action = torch.randn(16, 10), torch.rand(16, 2) * 2 - 1
-    for critic in (algo.critic, algo.critic_target):
+    for critic in (algo.agent.critic, algo.agent.critic_target):
         assert critic.training and not torch.equal(critic(obs, action), critic(obs, action))
         critic.eval()
         assert torch.equal(critic(obs, action), critic(obs, action))

@@ -12,7 +12,7 @@ from torch import nn
 
 from aa_ray.nets.distributional import make_support, project_distribution, saturation
 from aa_ray.nets.simba import HyperKernel
-from aa_ray.records import Batch, NormMoments, Transitions
+from aa_ray.records import Batch, CheckpointParts, NormMoments, Transitions
 from aa_ray.runtime.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from aa_ray.runtime.learner import Learner
 from aa_ray.spec.loader import apply_overrides, validate_spec
@@ -127,17 +127,18 @@ NORM_STATS = [NormMoments((5, np.zeros(OBS_DIM), np.ones(OBS_DIM)), (5, -1.0, 2.
 @pytest.mark.parametrize("algo", ["sac_dist", "sac_dist_simba"])
 def test_update_reports_diagnostics(algo: str) -> None:
     learner = Learner(small_spec(algo), OBS_DIM, ACT_DIM)
-    critic_before = [p.detach().clone() for p in learner.algo.critic.parameters()]
+    critic_before = [p.detach().clone() for p in learner.algo.agent.critic.parameters()]
     info = learner.update(NORM_STATS, random_samples(4, 8)).metrics
     for key in ("critic/q_loss", "critic/q_value", "critic/td_target", "critic/support_saturation_low",
                 "critic/support_saturation_high", "actor/alpha", "actor/loss"):
         assert np.isfinite(info[key]), key
     # cross-entropy against a distribution on 11 atoms: positive, at most log(11) + a bit at the start
     assert 0 < info["critic/q_loss"] < 2 * np.log(11)
-    assert any(not torch.equal(a, b) for a, b in zip(critic_before, learner.algo.critic.parameters(), strict=True))
+    critic_after = learner.algo.agent.critic.parameters()
+    assert any(not torch.equal(a, b) for a, b in zip(critic_before, critic_after, strict=True))
     if algo == "sac_dist_simba":  # hyperspherical kernels are back on the unit sphere after the steps
         assert info["critic/reward_scale"] != 1.0  # reward scaling is on by default here
-        for module in [*learner.algo.critic.modules(), *learner.algo.policy.actor.modules()]:
+        for module in [*learner.algo.agent.critic.modules(), *learner.algo.policy.actor.modules()]:
             if isinstance(module, HyperKernel):
                 norms = module.weight.square().sum(dim=module.kernel_norm_dim).sqrt()
                 torch.testing.assert_close(norms, torch.ones_like(norms))
@@ -158,7 +159,7 @@ def test_target_projects_the_pessimistic_critic_per_sample(algo: str) -> None:
     spec = small_spec(algo, **{"algo.num_atoms": 5, "algo.v_min": -2, "algo.v_max": 2, "algo.normalize_reward": False,
                                "algo.init_alpha": 1e-12, "algo.utd_ratio": 1})
     algo_obj = Learner(spec, OBS_DIM, ACT_DIM).algo
-    algo_obj.critic_target.forward = FixedLogits().forward  # keeps the parameters the polyak step moves
+    algo_obj.agent.critic_target.forward = FixedLogits().forward  # keeps the parameters the polyak step moves
     samples = random_samples(1, 2)
     samples.reward[:] = 0.5
     samples.terminated[:] = 0.0
@@ -174,18 +175,18 @@ def test_checkpoint_round_trip_restores_parameters(tmp_path: Path, algo: str) ->
     learner = Learner(spec, OBS_DIM, ACT_DIM)
     learner.update(NORM_STATS, random_samples(4, 8))
 
-    save_checkpoint(tmp_path / "ckpt", spec, {"learner": learner.state_dict()})
+    save_checkpoint(tmp_path / "ckpt", spec, CheckpointParts(learner=learner.state_dict()))
     payload = load_checkpoint(tmp_path / "ckpt")
     check_compatible(spec, payload)
     restored = Learner(spec, OBS_DIM, ACT_DIM)
-    restored.load_state_dict(payload["learner"])
+    restored.load_state_dict(payload.learner)
 
     for name in ("policy", "critic", "critic_target", "reward_norm"):
-        saved, loaded = getattr(learner.algo, name).state_dict(), getattr(restored.algo, name).state_dict()
+        saved, loaded = getattr(learner.algo.agent, name).state_dict(), getattr(restored.algo.agent, name).state_dict()
         assert saved.keys() == loaded.keys()
         for key in saved:
             assert torch.equal(saved[key], loaded[key]), f"{name}.{key}"
-    assert torch.equal(learner.algo.log_alpha, restored.algo.log_alpha)
+    assert torch.equal(learner.algo.agent.log_alpha, restored.algo.agent.log_alpha)
     # the same next update from both gives the same numbers (optimizer moments restored too)
     samples = random_samples(2, 8, seed=1)
     torch.manual_seed(0)

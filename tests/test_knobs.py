@@ -55,7 +55,7 @@ def test_bee_target_with_lambda_one_is_r_plus_discounted_v() -> None:
     b = one_batch()
     info = algo.update(Batch(*(t.unsqueeze(0) for t in b)))  # the critic step, then the actor (V untouched)
     with torch.no_grad():
-        expected = (b.reward + 0.9 * algo.value(b.next_obs)).mean().item()  # V after its own step
+        expected = (b.reward + 0.9 * algo.agent.value(b.next_obs)).mean().item()  # V after its own step
     assert float(info["critic/td_target"]) == pytest.approx(expected, rel=1e-5)
     assert "critic/q_upper" in info and "critic/v_loss" in info
     # and the mix itself: lambda weighs r + bootstrap V(s') against the soft target

@@ -35,7 +35,7 @@ def batches(rng: np.random.Generator, poisoned: bool) -> Transitions:
 
 
 def critic_vector(learner: Learner) -> torch.Tensor:
-    return torch.cat([p.detach().flatten().clone() for p in learner.algo.critic.parameters()])
+    return torch.cat([p.detach().flatten().clone() for p in learner.algo.agent.critic.parameters()])
 
 
 def test_a_poisoned_batch_skips_the_critic_steps_and_leaves_the_weights_finite() -> None:
@@ -72,5 +72,5 @@ def test_a_run_that_only_produces_nan_stops_cleanly(tmp_path: Path) -> None:
     assert "non-finite losses or gradients (runtime.max_consecutive_skips=150)" in message
     assert "Traceback" not in run.stderr
     checkpoint = message.split("--resume ")[1].split()[0].rstrip(";.")
-    policy = load_checkpoint(checkpoint)["learner"]["algo"]["policy"]
+    policy = load_checkpoint(checkpoint).learner.algo["policy"]
     assert all(torch.isfinite(tensor).all() for tensor in policy.values() if tensor.is_floating_point())

@@ -11,7 +11,7 @@ import torch
 
 from aa_ray.algos.contract import TrainingSetup
 from aa_ray.algos.td3 import TD3, TD3Config, make_policy, smoothed_target_action
-from aa_ray.records import Batch, NormMoments, ObsDims
+from aa_ray.records import Batch, CheckpointParts, NormMoments, ObsDims
 from aa_ray.runtime.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from aa_ray.runtime.env_runner import EnvRunner
 from aa_ray.runtime.learner import Learner
@@ -63,8 +63,8 @@ def test_bootstrap_is_masked_only_by_a_terminal_and_uses_the_smaller_target_crit
     algo = small_td3(target_noise=0.0)
     b = random_batch(1).at(0)
     with torch.no_grad():
-        next_action = torch.tanh(algo.actor_target(b.next_obs))
-        min_q = algo.critic_target(b.next_obs, next_action).min(dim=0).values
+        next_action = torch.tanh(algo.agent.actor_target(b.next_obs))
+        min_q = algo.agent.critic_target(b.next_obs, next_action).min(dim=0).values
     expected = (b.reward + 0.99 * min_q).mean().item()
     assert float(algo.critic_update(b)["critic/td_target"]) == pytest.approx(expected, rel=1e-5)
     terminal = Batch(b.obs, b.action, b.reward, b.next_obs, torch.ones_like(b.terminated), b.discount)
@@ -80,22 +80,22 @@ def test_actor_and_targets_update_only_every_policy_delay_critic_steps() -> None
     start = 0
     for size in (1, 2, 4):
         for i in range(start, start + size):  # step one stacked batch at a time to see each critic step
-            actor, actor_target = snapshot(algo.policy.actor), snapshot(algo.actor_target)
-            critic, critic_target = snapshot(algo.critic), snapshot(algo.critic_target)
+            actor, actor_target = snapshot(algo.policy.actor), snapshot(algo.agent.actor_target)
+            critic, critic_target = snapshot(algo.agent.critic), snapshot(algo.agent.critic_target)
             algo.update(Batch(*(t[i : i + 1] for t in batches)))
-            moves = (changed(actor, algo.policy.actor), changed(actor_target, algo.actor_target))
-            assert moves[0] == moves[1] == changed(critic_target, algo.critic_target)
+            moves = (changed(actor, algo.policy.actor), changed(actor_target, algo.agent.actor_target))
+            assert moves[0] == moves[1] == changed(critic_target, algo.agent.critic_target)
             moved.append(moves[0])
-            critic_moved.append(changed(critic, algo.critic))
+            critic_moved.append(changed(critic, algo.agent.critic))
         start += size
     assert moved == [False, False, True, False, False, True, False]
     assert all(critic_moved) and algo.critic_updates == 7
 
     # the same schedule when the steps come stacked (utd_ratio > 1): 7 more critic steps -> actor on 9 and 12
-    actor_steps_before = _optimizer_steps(algo.actor_step.optimizer)
+    actor_steps_before = _optimizer_steps(algo.agent.actor_step.optimizer)
     algo.update(random_batch(7, seed=1))
-    assert _optimizer_steps(algo.actor_step.optimizer) - actor_steps_before == 2
-    assert _optimizer_steps(algo.critic_step.optimizer) == 14
+    assert _optimizer_steps(algo.agent.actor_step.optimizer) - actor_steps_before == 2
+    assert _optimizer_steps(algo.agent.critic_step.optimizer) == 14
 
 
 def _optimizer_steps(optimizer: torch.optim.Optimizer) -> int:
@@ -163,21 +163,21 @@ def test_learner_checkpoint_round_trip_restores_parameters_and_the_delay_phase(t
     learner.update(stats, replay.sample(3, 8))
     assert learner.algo.critic_updates == 3
 
-    save_checkpoint(tmp_path / "ckpt", spec, {"learner": learner.state_dict()})
+    save_checkpoint(tmp_path / "ckpt", spec, CheckpointParts(learner=learner.state_dict()))
     payload = load_checkpoint(tmp_path / "ckpt")
     check_compatible(spec, payload)
     restored = Learner(spec, obs_dim=3, act_dim=1)
-    restored.load_state_dict(payload["learner"])
+    restored.load_state_dict(payload.learner)
 
     assert restored.algo.critic_updates == 3
     for name in ("policy", "actor_target", "critic", "critic_target", "reward_norm"):
-        saved, loaded = getattr(learner.algo, name).state_dict(), getattr(restored.algo, name).state_dict()
+        saved, loaded = getattr(learner.algo.agent, name).state_dict(), getattr(restored.algo.agent, name).state_dict()
         assert saved.keys() == loaded.keys()
         for key in saved:
             assert torch.equal(saved[key], loaded[key]), f"{name}.{key}"
     for name in ("actor_step", "critic_step"):
-        saved = getattr(learner.algo, name).optimizer.state_dict()["state"]
-        loaded = getattr(restored.algo, name).optimizer.state_dict()["state"]
+        saved = getattr(learner.algo.agent, name).optimizer.state_dict()["state"]
+        loaded = getattr(restored.algo.agent, name).optimizer.state_dict()["state"]
         assert saved.keys() == loaded.keys() and saved
         for key, slot in saved.items():
             for field, value in slot.items():

@@ -16,24 +16,20 @@ choices, as in the paper:
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any, Literal
 
 import torch
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 from torch import Tensor
 
-from aa_ray import ddp
 from aa_ray import metric_names as m
 from aa_ray.algos import config, sac_family
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.contexts import autocast, evaluating
 from aa_ray.algos.contract import TrainingSetup
-from aa_ray.algos.gradient_step import GradientStep
 from aa_ray.algos.losses import bootstrap_factor, critic_diagnostics, rlpd_diagnostics, soft_td_target, td_loss
 from aa_ray.algos.normalizers import RewardNormalizer
-from aa_ray.algos.optimizers import fused_adam
-from aa_ray.algos.schedules import LinearLRSchedule, delayed_actor_steps, every_group
+from aa_ray.algos.schedules import delayed_actor_steps
 from aa_ray.nets.batch_renorm import RenormActor, RenormEnsembleQ, RenormSettings
 from aa_ray.nets.policy import SquashedGaussianPolicy
 from aa_ray.records import Batch, ObsDims
@@ -67,67 +63,50 @@ def make_policy(cfg: CrossQConfig, obs: ObsDims, act_dim: int) -> SquashedGaussi
 
 class CrossQ(Bookkeeping):
     def __init__(self, cfg: CrossQConfig, obs: ObsDims, act_dim: int, setup: TrainingSetup):
-        self.cfg, self.generator, device = cfg, setup.generator, setup.device
-        self.policy = make_policy(cfg, obs, act_dim).to(device)
-        self.critic = RenormEnsembleQ(obs.full, act_dim, cfg.critic_hidden_dims, cfg.renorm()).to(device)
-        self.log_alpha, self.target_entropy = sac_family.temperature(cfg, act_dim, device)
-        self.reward_norm = RewardNormalizer(cfg.normalize_reward).to(device)
+        # no slow critic; with several learners batch renormalization takes the global batch's moments
+        self.agent = sac_family.build_parts(
+            cfg, act_dim, setup, policy=make_policy(cfg, obs, act_dim),
+            critic=RenormEnsembleQ(obs.full, act_dim, cfg.critic_hidden_dims, cfg.renorm()),
+            reward_norm=RewardNormalizer(cfg.normalize_reward), slow_critic=False, beta1=cfg.adam_beta1,
+        )
+        self.policy, self.reward_norm, self.largest_value = self.agent.policy, self.agent.reward_norm, torch.zeros(())
         self.critic_updates = 0  # decides the delayed actor steps; checkpointed
-
-        adam = partial(fused_adam, beta1=cfg.adam_beta1)
-        step = partial(GradientStep, max_grad_norm=cfg.max_grad_norm, precision=cfg.precision, device=device)
-        self.actor_step = step(adam(self.policy.actor.parameters(), cfg.actor_lr))
-        self.critic_step = step(adam(self.critic.parameters(), cfg.critic_lr))
-        self.alpha_step = step(adam([self.log_alpha], cfg.alpha_lr), average_grads=True)
-        groups = every_group(self.actor_step, self.critic_step, self.alpha_step)
-        self.schedule = LinearLRSchedule(groups, cfg.lr_end_fraction, setup.planned_steps)
-        self.largest_value = torch.zeros(())
-
-        # several learners: DDP averages the gradients; batch renormalization takes the global batch's moments
-        self.policy_ddp, self.critic_ddp = ddp.wrap(self.policy), ddp.wrap(self.critic)
 
     def update(self, batch: Batch) -> dict[str, Tensor]:
         """One fleet step: `batch.num_batches` critic steps; after every `policy_delay`-th critic step
         (counted over the whole run), an actor and temperature step on the same batch."""
         info, self.critic_updates = delayed_actor_steps(
-            batch, self.critic_updates, self.cfg.policy_delay, self.critic_update, self.actor_update
+            batch, self.critic_updates, self.agent.cfg.policy_delay, self.critic_update, self.actor_update
         )
-        info[m.ACTOR_LR] = self.schedule.current_lr()
-        self.schedule.advance()
+        info[m.ACTOR_LR] = self.agent.schedule.current_lr()
+        self.agent.schedule.advance()
         return info
+
+    def critic_update(self, b: Batch) -> dict[str, Tensor]:
+        p, rows = self.agent, len(b.obs)
+        obs, next_obs = p.policy.obs_norm(b.obs), p.policy.obs_norm(b.next_obs)
+        alpha = p.log_alpha.detach().exp()
+        with torch.no_grad(), evaluating(p.policy):
+            next_action, next_log_prob = p.policy(b.next_obs, p.generator)
+        with autocast(obs.device, p.cfg.precision):
+            # one forward of [(s, a); (s', a')]: batch renormalization sees both in one batch
+            q_both = p.critic_ddp(torch.cat([obs, next_obs]), torch.cat([b.action, next_action]))  # (2, 2B)
+        q, next_q = q_both[:, :rows], q_both[:, rows:].detach()
+        target = soft_td_target(p.reward_norm(b.reward), bootstrap_factor(b.discount, b.terminated), next_q,
+                                next_log_prob, alpha)
+        q_loss = td_loss(q, target, p.cfg.critic_loss, p.cfg.huber_delta)
+        grad_norm = p.critic_step(q_loss)
+        self.largest_value = q.detach().abs().max()
+        info = critic_diagnostics(q, q_loss, target, grad_norm, p.reward_norm.scale())
+        return info | rlpd_diagnostics(q, p.cfg.prior_data, p.cfg.prior_data_ratio)
 
     def actor_update(self, b: Batch) -> dict[str, Tensor]:
         """SAC's actor and temperature step, the critics judging with their running statistics."""
-        with evaluating(self.critic):
-            return sac_family.update_actor_and_temperature(
-                b.obs, self.policy, self.policy_ddp, self.generator, self.critic, lambda q: q, self.actor_step,
-                self.log_alpha, self.alpha_step, self.target_entropy, self.cfg,
-            )
-
-    def critic_update(self, b: Batch) -> dict[str, Tensor]:
-        cfg, rows = self.cfg, len(b.obs)
-        obs, next_obs = self.policy.obs_norm(b.obs), self.policy.obs_norm(b.next_obs)
-        alpha = self.log_alpha.detach().exp()
-        with torch.no_grad(), evaluating(self.policy):
-            next_action, next_log_prob = self.policy(b.next_obs, self.generator)
-        with autocast(obs.device, cfg.precision):
-            # one forward of [(s, a); (s', a')]: batch renormalization sees both in one batch
-            q_both = self.critic_ddp(torch.cat([obs, next_obs]), torch.cat([b.action, next_action]))  # (2, 2B)
-        q, next_q = q_both[:, :rows], q_both[:, rows:].detach()
-        target = soft_td_target(self.reward_norm(b.reward), bootstrap_factor(b.discount, b.terminated), next_q,
-                                next_log_prob, alpha)
-        q_loss = td_loss(q, target, cfg.critic_loss, cfg.huber_delta)
-        grad_norm = self.critic_step(q_loss)
-        self.largest_value = q.detach().abs().max()
-        info = critic_diagnostics(q, q_loss, target, grad_norm, self.reward_norm.scale())
-        return info | rlpd_diagnostics(q, cfg.prior_data, cfg.prior_data_ratio)
+        with evaluating(self.agent.critic):
+            return sac_family.update_actor_and_temperature(self.agent, b.obs)
 
     def parts(self) -> dict[str, Any]:
-        return {
-            "policy": self.policy, "critic": self.critic, "reward_norm": self.reward_norm,
-            "actor_step": self.actor_step, "critic_step": self.critic_step, "alpha_step": self.alpha_step,
-            "log_alpha": self.log_alpha, "steps_done": self.schedule,
-        }
+        return self.agent.checkpoint_parts()
 
     def state_dict(self) -> dict[str, Any]:
         return super().state_dict() | {"critic_updates": self.critic_updates}

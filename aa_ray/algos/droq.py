@@ -2,7 +2,7 @@
 
 Reference: Hiraoka et al. 2022, "Dropout Q-Functions for Doubly Efficient Reinforcement Learning"
 (ICLR 2022); sbx's DroQ for the defaults. What differs from SAC is the critic ensemble and the
-knobs, so the update is SAC's own (`sac_family.critics_then_actor`):
+knobs, so the update is SAC's own (`sac_family.fleet_step`, critics then actor):
 - each hidden layer of each critic is Linear -> Dropout(0.01) -> LayerNorm -> ReLU, and dropout
   is on in every critic forward the learner makes, the slow target's included (the learner trains
   in training mode; env runners never run a critic);
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import torch
 from pydantic import Field, PositiveFloat, PositiveInt
 from torch import Tensor
 
@@ -45,15 +46,17 @@ class DroQ(Bookkeeping):
             obs.full, act_dim, cfg.critic_hidden_dims, 2, layer_norm=cfg.layer_norm,
             dropout=SeededDropout(cfg.dropout_rate, setup.generator),
         )
-        sac_family.assemble_(
-            self, cfg, act_dim, setup, policy=make_policy(cfg, obs, act_dim), critic=critic,
+        self.agent = sac_family.build_parts(
+            cfg, act_dim, setup, policy=make_policy(cfg, obs, act_dim), critic=critic,
             reward_norm=RewardNormalizer(cfg.normalize_reward),
         )
+        self.policy, self.reward_norm, self.largest_value = self.agent.policy, self.agent.reward_norm, torch.zeros(())
 
     def update(self, batch: Batch) -> dict[str, Tensor]:
         """One fleet step: `batch.num_batches` (utd_ratio) critic steps, then the actor and temperature on
         the last batch."""
-        return sac_family.critics_then_actor(self, batch)
+        info, self.largest_value = sac_family.fleet_step(self.agent, batch, order="critics_then_actor")
+        return info
 
     def parts(self) -> dict[str, Any]:
-        return sac_family.checkpoint_parts(self)
+        return self.agent.checkpoint_parts()

@@ -34,16 +34,19 @@ def tensor_lrs_(optimizer: torch.optim.Optimizer) -> None:
             group["lr"] = torch.tensor(float(lr), device=device)
 
 
-def make_optimizer(module: nn.Module, kind: str, lr: float) -> torch.optim.Optimizer | MuonWithAdamW:
+def make_optimizer(
+    module: nn.Module, kind: str, lr: float, beta1: float = 0.9
+) -> torch.optim.Optimizer | MuonWithAdamW:
     """Adam for everything, or Muon for the hidden weight matrices and AdamW for the rest
-    (embeddings, heads, biases, gains), as the Muon authors recommend."""
+    (embeddings, heads, biases, gains), as the Muon authors recommend. `beta1`: Adam's first-moment
+    decay (CrossQ's 0.5)."""
     params = [p for p in module.parameters() if p.requires_grad]
     if kind == "adam":
-        return fused_adam(params, lr)
+        return fused_adam(params, lr, beta1=beta1)
     matrices = _hidden_matrices(module)
     ids = {id(p) for p in matrices}
     rest = [p for p in params if id(p) not in ids]
-    adamw = fused_adam(rest, lr, weight_decay=0.01)  # torch's AdamW default decay
+    adamw = fused_adam(rest, lr, weight_decay=0.01, beta1=beta1)  # torch's AdamW default decay
     if not matrices:  # e.g. an ensemble's stacked (members, in, out) weights: torch's Muon takes 2-D only
         return adamw
     return MuonWithAdamW(torch.optim.Muon(matrices, lr=lr), adamw)

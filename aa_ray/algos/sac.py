@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import torch
 from torch import Tensor
 
 from aa_ray.algos import config, sac_family
@@ -38,17 +39,19 @@ make_policy = sac_family.mlp_policy  # the acting module env runners load
 
 class SAC(Bookkeeping):
     def __init__(self, cfg: SACConfig, obs: ObsDims, act_dim: int, setup: TrainingSetup):
-        sac_family.assemble_(
-            self, cfg, act_dim, setup, policy=make_policy(cfg, obs, act_dim),
+        self.agent = sac_family.build_parts(
+            cfg, act_dim, setup, policy=make_policy(cfg, obs, act_dim),
             critic=EnsembleQ(obs.full, act_dim, cfg.critic_hidden_dims, 2, layer_norm=cfg.layer_norm),
             value=MLPValue(obs.full, cfg.critic_hidden_dims) if cfg.learn_v else None,
             reward_norm=RewardNormalizer(cfg.normalize_reward),
         )
+        self.policy, self.reward_norm, self.largest_value = self.agent.policy, self.agent.reward_norm, torch.zeros(())
 
     def update(self, batch: Batch) -> dict[str, Tensor]:
         """One fleet step: `batch.num_batches` critic (and V) steps, then the actor and temperature on the
         last batch."""
-        return sac_family.critics_then_actor(self, batch)
+        info, self.largest_value = sac_family.fleet_step(self.agent, batch, order="critics_then_actor")
+        return info
 
     def parts(self) -> dict[str, Any]:
-        return sac_family.checkpoint_parts(self)
+        return self.agent.checkpoint_parts()

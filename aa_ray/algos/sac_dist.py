@@ -16,16 +16,15 @@ Deliberate choices:
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any, Literal
 
+import torch
 from torch import Tensor
 
-from aa_ray import metric_names as m
 from aa_ray.algos import config, sac_family
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.contract import TrainingSetup
-from aa_ray.nets.distributional import EnsembleCategoricalQ, expected_value, make_support
+from aa_ray.nets.distributional import EnsembleCategoricalQ, make_support
 from aa_ray.records import Batch, ObsDims
 
 
@@ -41,33 +40,21 @@ make_policy = sac_family.mlp_policy  # the acting module env runners load
 
 class SACDist(Bookkeeping):
     def __init__(self, cfg: SACDistConfig, obs: ObsDims, act_dim: int, setup: TrainingSetup):
-        sac_family.assemble_(
-            self, cfg, act_dim, setup, policy=make_policy(cfg, obs, act_dim),
+        self.agent = sac_family.build_parts(
+            cfg, act_dim, setup, policy=make_policy(cfg, obs, act_dim),
             critic=EnsembleCategoricalQ(
                 obs.full, act_dim, cfg.critic_hidden_dims, cfg.num_atoms, num_critics=2, layer_norm=cfg.layer_norm
             ),
             reward_norm=sac_family.support_reward_normalizer(cfg, cfg.normalize_reward),
+            support=make_support(cfg.num_atoms, cfg.v_min, cfg.v_max, setup.device),
         )
-        self.support = make_support(cfg.num_atoms, cfg.v_min, cfg.v_max, setup.device)
+        self.policy, self.reward_norm, self.largest_value = self.agent.policy, self.agent.reward_norm, torch.zeros(())
 
     def update(self, batch: Batch) -> dict[str, Tensor]:
         """One fleet step: `batch.num_batches` critic steps, then the actor (on the critics' expected Q) and
         the temperature on the last batch."""
-        alpha = self.log_alpha.detach().exp()
-        for i in range(batch.num_batches):
-            x = sac_family.prepare(batch.at(i), self.policy, self.reward_norm)
-            info, q = sac_family.update_categorical_critics(
-                x, alpha, self.policy, self.generator, self.critics, self.support, self.reward_norm.scale(), self.cfg
-            )
-        info |= sac_family.update_actor_and_temperature(
-            batch.at(-1).obs, self.policy, self.policy_ddp, self.generator, self.critic,
-            partial(expected_value, support=self.support), self.actor_step, self.log_alpha, self.alpha_step,
-            self.target_entropy, self.cfg,
-        )
-        self.largest_value = q.abs().max()
-        info[m.ACTOR_LR] = self.schedule.current_lr()
-        self.schedule.advance()
+        info, self.largest_value = sac_family.fleet_step(self.agent, batch, order="critics_then_actor")
         return info
 
     def parts(self) -> dict[str, Any]:
-        return sac_family.checkpoint_parts(self)
+        return self.agent.checkpoint_parts()

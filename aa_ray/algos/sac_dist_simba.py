@@ -13,17 +13,16 @@ learning rate decayed linearly from 1e-4 to 5e-5, initial temperature 0.01, targ
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any, Literal
 
+import torch
 from pydantic import Field
 from torch import Tensor
 
-from aa_ray import metric_names as m
 from aa_ray.algos import config, sac_family
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.contract import TrainingSetup
-from aa_ray.nets.distributional import SimbaV2CategoricalCritic, expected_value, make_support
+from aa_ray.nets.distributional import SimbaV2CategoricalCritic, make_support
 from aa_ray.nets.simba import normalize_weights_
 from aa_ray.records import Batch, ObsDims
 
@@ -44,32 +43,21 @@ make_policy = sac_family.simba_policy  # the acting module env runners load
 class SACDistSimba(Bookkeeping):
     def __init__(self, cfg: SACDistSimbaConfig, obs: ObsDims, act_dim: int, setup: TrainingSetup):
         # every step of a hyperspherical network ends with its weights projected back onto the sphere
-        sac_family.assemble_(
-            self, cfg, act_dim, setup, policy=make_policy(cfg, obs, act_dim),
+        self.agent = sac_family.build_parts(
+            cfg, act_dim, setup, policy=make_policy(cfg, obs, act_dim),
             critic=SimbaV2CategoricalCritic(
                 obs.full, act_dim, cfg.critic_hidden_dim, cfg.critic_num_blocks, cfg.num_atoms
             ),
             reward_norm=sac_family.support_reward_normalizer(cfg, cfg.normalize_reward), project=normalize_weights_,
+            support=make_support(cfg.num_atoms, cfg.v_min, cfg.v_max, setup.device),
         )
-        self.support = make_support(cfg.num_atoms, cfg.v_min, cfg.v_max, setup.device)
+        self.policy, self.reward_norm, self.largest_value = self.agent.policy, self.agent.reward_norm, torch.zeros(())
 
     def update(self, batch: Batch) -> dict[str, Tensor]:
         """SimbaV2's order: actor (on the critics' expected Q) and temperature on the first batch, then
         `batch.num_batches` critic steps, each followed by the target update; then the lrs decay a step."""
-        info = sac_family.update_actor_and_temperature(
-            batch.at(0).obs, self.policy, self.policy_ddp, self.generator, self.critic,
-            partial(expected_value, support=self.support), self.actor_step, self.log_alpha, self.alpha_step,
-            self.target_entropy, self.cfg,
-        ) | {m.ACTOR_LR: self.schedule.current_lr()}
-        alpha = self.log_alpha.detach().exp()
-        for i in range(batch.num_batches):
-            critic_info, q = sac_family.update_categorical_critics(
-                sac_family.prepare(batch.at(i), self.policy, self.reward_norm), alpha, self.policy, self.generator,
-                self.critics, self.support, self.reward_norm.scale(), self.cfg,
-            )
-        self.schedule.advance()
-        self.largest_value = q.abs().max()
-        return info | critic_info
+        info, self.largest_value = sac_family.fleet_step(self.agent, batch, order="actor_then_critics")
+        return info
 
     def parts(self) -> dict[str, Any]:
-        return sac_family.checkpoint_parts(self)
+        return self.agent.checkpoint_parts()

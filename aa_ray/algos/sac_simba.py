@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import torch
 from torch import Tensor
 
-from aa_ray import metric_names as m
 from aa_ray.algos import config, sac_family
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.contract import TrainingSetup
@@ -37,29 +37,19 @@ make_policy = sac_family.simba_policy  # the acting module env runners load
 class SACSimba(Bookkeeping):
     def __init__(self, cfg: SACSimbaConfig, obs: ObsDims, act_dim: int, setup: TrainingSetup):
         # every step of a hyperspherical network ends with its weights projected back onto the sphere
-        sac_family.assemble_(
-            self, cfg, act_dim, setup, policy=make_policy(cfg, obs, act_dim),
+        self.agent = sac_family.build_parts(
+            cfg, act_dim, setup, policy=make_policy(cfg, obs, act_dim),
             critic=SimbaV2Critic(obs.full, act_dim, cfg.critic_hidden_dim, cfg.critic_num_blocks),
             value=SimbaV2Value(obs.full, cfg.critic_hidden_dim, cfg.critic_num_blocks) if cfg.learn_v else None,
             reward_norm=RewardNormalizer(cfg.normalize_reward), project=normalize_weights_,
         )
+        self.policy, self.reward_norm, self.largest_value = self.agent.policy, self.agent.reward_norm, torch.zeros(())
 
     def update(self, batch: Batch) -> dict[str, Tensor]:
         """SimbaV2's order: actor and temperature on the first batch, then `batch.num_batches` critic (and V)
         steps, each followed by the target update; then the learning rates move along their decay."""
-        info = sac_family.update_actor_and_temperature(
-            batch.at(0).obs, self.policy, self.policy_ddp, self.generator, self.critic, lambda q: q, self.actor_step,
-            self.log_alpha, self.alpha_step, self.target_entropy, self.cfg,
-        ) | {m.ACTOR_LR: self.schedule.current_lr()}
-        alpha = self.log_alpha.detach().exp()
-        for i in range(batch.num_batches):
-            critic_info, q = sac_family.update_scalar_critics(
-                sac_family.prepare(batch.at(i), self.policy, self.reward_norm), alpha, self.policy, self.generator,
-                self.critics, self.reward_norm.scale(), self.cfg,
-            )
-        self.largest_value = q.abs().max()
-        self.schedule.advance()
-        return info | critic_info
+        info, self.largest_value = sac_family.fleet_step(self.agent, batch, order="actor_then_critics")
+        return info
 
     def parts(self) -> dict[str, Any]:
-        return sac_family.checkpoint_parts(self)
+        return self.agent.checkpoint_parts()

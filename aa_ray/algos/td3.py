@@ -21,8 +21,6 @@ Deliberate choices:
 
 from __future__ import annotations
 
-import copy
-from functools import partial
 from typing import Any, Literal
 
 import torch
@@ -31,11 +29,12 @@ from torch import Tensor
 
 from aa_ray import ddp
 from aa_ray import metric_names as m
+from aa_ray.algos import sac_family
 from aa_ray.algos.bookkeeping import Bookkeeping
 from aa_ray.algos.config import LearningRates, MLPNetworks, OffPolicyKnobs, RLPDKnobs
 from aa_ray.algos.contexts import autocast, frozen
 from aa_ray.algos.contract import TrainingSetup
-from aa_ray.algos.gradient_step import GradientStep, polyak_update_
+from aa_ray.algos.gradient_step import polyak_update_
 from aa_ray.algos.losses import (
     bootstrap_factor,
     critic_diagnostics,
@@ -44,8 +43,7 @@ from aa_ray.algos.losses import (
     td_loss,
 )
 from aa_ray.algos.normalizers import RewardNormalizer
-from aa_ray.algos.optimizers import make_optimizer
-from aa_ray.algos.schedules import LinearLRSchedule, delayed_actor_steps, every_group
+from aa_ray.algos.schedules import delayed_actor_steps
 from aa_ray.nets.deterministic import DeterministicPolicy
 from aa_ray.nets.mlp import EnsembleQ, mlp
 from aa_ray.records import Batch, ObsDims
@@ -67,83 +65,72 @@ def make_policy(cfg: TD3Config, obs: ObsDims, act_dim: int) -> DeterministicPoli
 
 class TD3(Bookkeeping):
     def __init__(self, cfg: TD3Config, obs: ObsDims, act_dim: int, setup: TrainingSetup):
-        self.cfg, self.generator, device = cfg, setup.generator, setup.device
-        self.policy = make_policy(cfg, obs, act_dim).to(device)
-        self.actor_target = copy.deepcopy(self.policy.actor).requires_grad_(False)
-        self.critic = EnsembleQ(obs.full, act_dim, cfg.critic_hidden_dims, 2, layer_norm=cfg.layer_norm).to(device)
-        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        self.reward_norm = RewardNormalizer(cfg.normalize_reward).to(device)
+        # the slow actor is a copy of the actor network alone: it reads the online policy's normalizer
+        self.agent = sac_family.build_parts(
+            cfg, act_dim, setup, policy=make_policy(cfg, obs, act_dim),
+            critic=EnsembleQ(obs.full, act_dim, cfg.critic_hidden_dims, 2, layer_norm=cfg.layer_norm),
+            reward_norm=RewardNormalizer(cfg.normalize_reward), slow_actor=True, temperature_learned=False,
+        )
+        self.policy, self.reward_norm, self.largest_value = self.agent.policy, self.agent.reward_norm, torch.zeros(())
         self.critic_updates = 0  # decides the delayed actor/target updates; checkpointed
-
-        step = partial(GradientStep, max_grad_norm=cfg.max_grad_norm, precision=cfg.precision, device=device)
-        self.actor_step = step(make_optimizer(self.policy.actor, cfg.optimizer, cfg.actor_lr))
-        self.critic_step = step(make_optimizer(self.critic, cfg.optimizer, cfg.critic_lr))
-        groups = every_group(self.actor_step, self.critic_step)
-        self.schedule = LinearLRSchedule(groups, cfg.lr_end_fraction, setup.planned_steps)
-        self.largest_value = torch.zeros(())
-
-        # several learners: DDP averages the online modules' gradients; targets and normalizers stay plain
-        self.policy_ddp, self.critic_ddp = ddp.wrap(self.policy), ddp.wrap(self.critic)
 
     def update(self, batch: Batch) -> dict[str, Tensor]:
         """One fleet step: `batch.num_batches` critic steps; after every `policy_delay`-th critic step
         (counted over the whole run), an actor step on the same batch and a polyak step of the
         target actor and critics."""
         info, self.critic_updates = delayed_actor_steps(
-            batch, self.critic_updates, self.cfg.policy_delay, self.critic_update, self.actor_and_target_update
+            batch, self.critic_updates, self.agent.cfg.policy_delay, self.critic_update, self.actor_and_target_update
         )
-        info[m.ACTOR_LR] = self.schedule.current_lr()
-        self.schedule.advance()
+        info[m.ACTOR_LR] = self.agent.schedule.current_lr()
+        self.agent.schedule.advance()
         return info
 
     def critic_update(self, b: Batch) -> dict[str, Tensor]:
-        cfg = self.cfg
-        obs, next_obs = self.policy.obs_norm(b.obs), self.policy.obs_norm(b.next_obs)
-        reward, bootstrap = self.reward_norm(b.reward), bootstrap_factor(b.discount, b.terminated)
+        p, cfg = self.agent, self.agent.cfg
+        obs, next_obs = p.policy.obs_norm(b.obs), p.policy.obs_norm(b.next_obs)
+        reward, bootstrap = p.reward_norm(b.reward), bootstrap_factor(b.discount, b.terminated)
         with autocast(obs.device, cfg.precision):
             # target from the slow actor with smoothing noise and the slow critics' min (clipped double-Q)
             with torch.no_grad():
-                next_action = torch.tanh(self.actor_target(next_obs[..., : self.policy.actor_features])).float()
-                noise = ddp.randn_shard(next_action.shape, self.generator, next_action.dtype) * cfg.target_noise
+                next_action = torch.tanh(p.actor_target(next_obs[..., : p.policy.actor_features])).float()
+                noise = ddp.randn_shard(next_action.shape, p.generator, next_action.dtype) * cfg.target_noise
                 next_action = smoothed_target_action(next_action, noise, cfg.target_noise_clip)
-                target = reward + bootstrap * self.critic_target(next_obs, next_action).min(dim=0).values.float()
-            q = self.critic_ddp(obs, b.action)  # (2, batch)
+                target = reward + bootstrap * p.critic_target(next_obs, next_action).min(dim=0).values.float()
+            q = p.critic_ddp(obs, b.action)  # (2, batch)
         q_loss = td_loss(q, target, cfg.critic_loss, cfg.huber_delta)
-        grad_norm = self.critic_step(q_loss)
+        grad_norm = p.critic_step(q_loss)
         self.largest_value = q.detach().abs().max()
-        return critic_diagnostics(q, q_loss, target, grad_norm, self.reward_norm.scale()) | {
+        return critic_diagnostics(q, q_loss, target, grad_norm, p.reward_norm.scale()) | {
             # how often the smoothing noise hits its clip, and how often the target action hits the box
             "critic/target_noise_clip_fraction": (noise.abs() > cfg.target_noise_clip).float().mean(),
             "critic/target_action_bound_fraction": (next_action.abs() >= 1.0).float().mean(),
         } | rlpd_diagnostics(q, cfg.prior_data, cfg.prior_data_ratio)
 
     def actor_and_target_update(self, b: Batch) -> dict[str, Tensor]:
+        p = self.agent
         info = self.actor_update(b)
-        polyak_update_(self.policy.actor, self.actor_target, self.cfg.tau)
-        polyak_update_(self.critic, self.critic_target, self.cfg.tau)
+        polyak_update_(p.policy.actor, p.actor_target, p.cfg.tau)
+        polyak_update_(p.critic, p.critic_target, p.cfg.tau)
         return info
 
     def actor_update(self, b: Batch) -> dict[str, Tensor]:
         """The deterministic policy gradient through Q1 alone, as in the paper."""
-        with autocast(b.obs.device, self.cfg.precision):
-            action = self.policy_ddp(b.obs)
-            with frozen(self.critic):
-                q1 = self.critic(self.policy.obs_norm(b.obs), action)[0]
+        p = self.agent
+        with autocast(b.obs.device, p.cfg.precision):
+            action = p.policy_ddp(b.obs)
+            with frozen(p.critic):
+                q1 = p.critic(p.policy.obs_norm(b.obs), action)[0]
         actor_loss = -q1.float().mean()
-        grad_norm = self.actor_step(actor_loss)
+        grad_norm = p.actor_step(actor_loss)
         return {
             m.ACTOR_LOSS: actor_loss.detach(),
             "actor/grad_norm": grad_norm,
             "actor/action_saturation": (action.detach().abs() > 0.99).float().mean(),
-            "actor/updates": torch.tensor(float(self.critic_updates // self.cfg.policy_delay)),
+            "actor/updates": torch.tensor(float(self.critic_updates // p.cfg.policy_delay)),
         }
 
     def parts(self) -> dict[str, Any]:
-        return {
-            "policy": self.policy, "actor_target": self.actor_target, "critic": self.critic,
-            "critic_target": self.critic_target, "reward_norm": self.reward_norm,
-            "actor_step": self.actor_step, "critic_step": self.critic_step, "steps_done": self.schedule,
-        }
+        return self.agent.checkpoint_parts()
 
     def state_dict(self) -> dict[str, Any]:
         return super().state_dict() | {"critic_updates": self.critic_updates}
