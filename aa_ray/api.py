@@ -74,6 +74,8 @@ class RunResult:
     stop_reason: str  # "budget", "target reached" or "stopped by a callback"
     metrics: dict[str, float]  # the last evaluation's
     evals: list[dict[str, float]] = field(repr=False)
+    # the run's id in each backend of tracking.backends: "mlflow", "tensorboard" (its event folder), "wandb"
+    tracking_runs: dict[str, str] = field(default_factory=dict)
 
 
 EnvCreator = Callable[..., Any]  # returns a gymnasium Env; called with env.kwargs
@@ -145,7 +147,7 @@ class Experiment:
             run_dir=Path(outcome["run_dir"]), checkpoint=Path(outcome["checkpoint"]),
             mlflow_run_id=outcome["mlflow_run_id"], mlflow_url=outcome["mlflow_url"], env_steps=outcome["env_steps"],
             stop_reason=outcome["stop_reason"], metrics=dict(outcome["evals"][-1]) if outcome["evals"] else {},
-            evals=outcome["evals"],
+            evals=outcome["evals"], tracking_runs=outcome["tracking_runs"],
         )
 
     learn = fit  # SB3's name for it

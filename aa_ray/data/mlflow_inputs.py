@@ -103,7 +103,7 @@ def log_prior_data(record: Any, path: Path) -> None:
     run goes on if the store refuses it: it says so among the run's messages."""
     from mlflow.exceptions import MlflowException
 
-    tracker = getattr(record, "tracker", None)
+    tracker = getattr(record, "mlflow", None)  # datasets are MLflow inputs: nothing where MLflow does not track it
     if tracker is None:
         return
     try:

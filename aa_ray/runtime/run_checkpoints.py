@@ -1,5 +1,5 @@
 """A run's checkpoints: what goes into one (the actors' state from the graph, the driver's own state,
-the MLflow run to continue), where it goes (`<run folder>/checkpoints/<name>`), the newest one
+the tracked runs to continue), where it goes (`<run folder>/checkpoints/<name>`), the newest one
 written, and loading one back into a graph. The file format is `checkpoint.py`'s.
 """
 
@@ -41,9 +41,10 @@ class RunCheckpoints:
         # around each write and prune: `StopSignals.writing`, so an immediate stop lets them complete
         self.writing = writing
 
-    def save(self, name: str, graph: ActorGraph, state: DriverState, mlflow_run_id: str | None) -> Path:
+    def save(self, name: str, graph: ActorGraph, state: DriverState, tracking_runs: dict[str, str]) -> Path:
         """Everything a bit-exact resume needs (sync mode): learner, replay, runners and the driver's
-        own pending state, written atomically (see `checkpoint.save_checkpoint`)."""
+        own pending state, written atomically (see `checkpoint.save_checkpoint`); `tracking_runs`: the
+        run's id in each tracking backend, continued on a resume."""
         with self.phases.timed(m.PHASE_CHECKPOINT):
             actors = graph.snapshot(with_replay_table=self.spec.checkpoint.save_replay)
             payload = {
@@ -51,7 +52,7 @@ class RunCheckpoints:
                 "learner": actors["learner"],
                 "replay": actors["replay"],
                 "runners": actors["runners"],
-                "mlflow_run_id": mlflow_run_id,
+                "tracking_runs": dict(tracking_runs),
             }
             with self.writing():
                 try:

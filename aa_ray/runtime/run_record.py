@@ -1,11 +1,12 @@
-"""What a run leaves for people: its MLflow run (metrics and artifacts), the events in its
+"""What a run leaves for people: its tracked run in each of `tracking.backends` (MLflow, TensorBoard,
+W&B: metrics and artifacts, through `tracking.tracker`), the events in its
 `events.jsonl`, the lines of its progress display, its evaluation videos and its trace. The trainer
 decides what happened; this room says it, in each place it belongs.
 
 What it says is scrubbed of credentials (`tracking.credentials`: a URI in an error message or an
 event's details loses its `user:password@` and secret query values) and, on the console, escaped
 (`progress.shown`). The MLflow store's own news (it stopped answering, answers again, refused a
-write) become events like any other.
+write) become events like any other. Models are logged where the run is tracked in MLflow.
 """
 
 from __future__ import annotations
@@ -40,11 +41,23 @@ STOP_REASON_TAG = "stop_reason"  # on a run that did not finish: why (a stop sig
 if TYPE_CHECKING:
     import torch
 
-    from aa_ray.tracking.mlflow_tracker import MlflowTracker, RunContext
+    from aa_ray.tracking.mlflow_tracker import MlflowTracker
     from aa_ray.tracking.models import ModelUpload
+    from aa_ray.tracking.tracker import RunContext, Trackers, TrackingRuns
 
 FINAL_CHECKPOINT = "final"  # the checkpoint of a run's end (a preempted run's last one is not: it resumes)
 MODELS_FOLDER = "models"  # in the run folder: each logged MLflow model, also when the store never got it
+
+
+def resumed_runs(checkpoint: dict[str, Any] | None) -> TrackingRuns | None:
+    """The tracked runs a checkpoint's run was recorded in, to continue (None: start new ones). A
+    checkpoint from before `tracking.backends` names its MLflow run only."""
+    if checkpoint is None:
+        return None
+    runs = checkpoint.get("tracking_runs")
+    if runs is None and checkpoint.get("mlflow_run_id"):
+        runs = {"mlflow": checkpoint["mlflow_run_id"]}
+    return dict(runs) if runs else None
 
 
 @dataclass(frozen=True)
@@ -78,31 +91,43 @@ class RunRecord:
     ):
         self.spec, self.run_dir, self.phases = spec, run_dir, phases
         self.track, self.live, self.context = track, live, context
-        self.tracker: MlflowTracker | None = None  # made by `start` when the run is tracked
+        self.tracker: Trackers | None = None  # every backend of tracking.backends, made by `start` when tracked
         self.progress: ProgressDisplay | None = None  # shown while `showing_progress` lasts
         self.last_step = 0  # env steps of the last metrics logged (where the run's last events go)
         self.best: BestPolicy | None = None  # kept only when the spec asks for the best policy's model
         self.model_uploads: list[ModelUpload] = []  # the run's models on their way to the store
-        if track:  # a tracking server that does not answer stops the run here, before anything starts
+        if track and "mlflow" in spec.tracking.backends:
+            # a tracking server that does not answer stops the run here, before anything starts
             from aa_ray.tracking.mlflow_tracker import check_store_answers, store_uri
 
             check_store_answers(store_uri(context))
 
     @property
+    def mlflow(self) -> MlflowTracker | None:
+        """The run's MLflow run, where it is tracked there (models and datasets are logged there)."""
+        return self.tracker.mlflow if self.tracker else None
+
+    @property
+    def tracking_runs(self) -> TrackingRuns:
+        """The run's id in each tracking backend (none untracked): a checkpoint keeps them for a resume."""
+        return self.tracker.run_ids if self.tracker else {}
+
+    @property
     def mlflow_run_id(self) -> str | None:
-        return self.tracker.run_id if self.tracker else None
+        return self.mlflow.run_id if self.mlflow else None
 
     @property
     def mlflow_url(self) -> str | None:
-        return self.tracker.url if self.tracker else None
+        return self.mlflow.url if self.mlflow else None
 
-    def start(self, mlflow_run_id: str | None) -> None:
-        """Open the MLflow run (the interrupted one's, on a resume) and log the spec into it."""
+    def start(self, runs: TrackingRuns | None) -> None:
+        """Open the run in every tracking backend (continuing the interrupted one's `runs`, on a
+        resume) and log the spec into it."""
         if not self.track:
             return
-        from aa_ray.tracking.mlflow_tracker import MlflowTracker  # an untracked run needs no MLflow
+        from aa_ray.tracking.tracker import open_trackers  # an untracked run imports no backend
 
-        self.tracker = MlflowTracker(self.spec, run_id=mlflow_run_id, context=self.context)
+        self.tracker = open_trackers(self.spec, self.run_dir, runs, self.context)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / SPEC_FILE).write_text(spec_yaml(self.spec))
         self.tracker.log_artifact(self.run_dir / SPEC_FILE, "spec")
@@ -153,7 +178,7 @@ class RunRecord:
         """Keep the evaluated policy's weights (`policy_weights`: the graph's ref of them, Ray's or
         inline) while it is the run's best, when its model is to be logged (`tracking.log_best_model`):
         fetched now, as a ref may not outlive a rebuilt actor graph."""
-        if self.tracker is None or not self.spec.tracking.log_best_model:
+        if self.mlflow is None or not self.spec.tracking.log_best_model:
             return
         ranked = ranking(self.spec, evaluation)
         if ranked is not None and (self.best is None or ranked[1] > self.best.value):
@@ -165,7 +190,7 @@ class RunRecord:
         if self.tracker is not None:
             for name in (STATE_FILE, SPEC_FILE):
                 self.tracker.log_artifact(folder / name, f"checkpoints/{folder.name}")
-            if folder.name == FINAL_CHECKPOINT:
+            if folder.name == FINAL_CHECKPOINT and self.mlflow is not None:
                 self._log_models(folder)
         self.flush()
 
@@ -196,12 +221,14 @@ class RunRecord:
                 self.event("model_not_logged", self.last_step, model=name, reason=f"{type(err).__name__}: {err}"[:500])
                 continue
             self.message(f"model {name}: {folder} (saved in {saved.seconds:.1f} s), in MLflow as runs:/"
-                         f"{self.tracker.run_id}/{name}" + (f", registered as {register_as}" if register_as else ""))
-            self.model_uploads.append(self.tracker.log_model(saved, register_as))
+                         f"{self.mlflow.run_id}/{name}" + (f", registered as {register_as}" if register_as else ""))
+            upload = self.tracker.log_model(saved, register_as)
+            if upload is not None:
+                self.model_uploads.append(upload)
 
     def close(self, status: str, ray_timeline: list[dict[str, Any]] | None, reason: str | None = None) -> None:
         """The trace (also of a failed run: where it spent its time until then), the events file, and
-        the MLflow run ended with `status` (and `reason`, a `stop_reason` tag, where it says why)."""
+        tracked runs ended with `status` (and `reason`, a `stop_reason` tag, where it says why)."""
         if ray_timeline is not None:
             path = self.phases.write_trace(self.run_dir, ray_timeline)
             self.message(f"trace: {path} (open it in https://ui.perfetto.dev)")

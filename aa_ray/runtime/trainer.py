@@ -70,14 +70,14 @@ from aa_ray.runtime.phases import Phases
 from aa_ray.runtime.recovery import Recovery
 from aa_ray.runtime.remote import ActorLost, LearnerFailed, TrainingError
 from aa_ray.runtime.run_checkpoints import RunCheckpoints, run_folder_of
-from aa_ray.runtime.run_record import RunRecord
+from aa_ray.runtime.run_record import RunRecord, resumed_runs
 from aa_ray.runtime.stop_signals import StopSignals
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import spec_hash
 from aa_ray.spec.local_checks import check_stop_metric
 
 if TYPE_CHECKING:
-    from aa_ray.tracking.mlflow_tracker import RunContext
+    from aa_ray.tracking.tracker import RunContext
 
 # Called after each evaluation and checkpoint with the iteration's metrics and the checkpoint folder
 # written at that point (None if none was); a Tune trial reports both to Tune with it, the Python
@@ -193,7 +193,7 @@ class Trainer:
                 else:
                     self.graph.queue_prior_stats()
                 self.graph.publish_weights()
-                self.record.start(self.resume.get("mlflow_run_id") if self.resume else None)
+                self.record.start(resumed_runs(self.resume))
                 if prior_path is not None:  # the run page's Datasets panel names what it trained from
                     log_prior_data(self.record, prior_path)
                 if self.resume is not None:  # so reports leave out what the interrupted attempt logged past it
@@ -321,7 +321,7 @@ class Trainer:
     def save_checkpoint(self, name: str) -> Path:
         """The run's checkpoint `name` (see `RunCheckpoints.save`); every metric logged before it is
         stored, so a crash after it loses none."""
-        folder = self.checkpoints.save(name, self.graph, self.state, self.record.mlflow_run_id)
+        folder = self.checkpoints.save(name, self.graph, self.state, self.record.tracking_runs)
         self.record.flush()
         return folder
 
@@ -347,6 +347,7 @@ class Trainer:
             "run_dir": str(self.run_dir),
             "mlflow_run_id": self.record.mlflow_run_id,
             "mlflow_url": self.record.mlflow_url,
+            "tracking_runs": self.record.tracking_runs,
             "replay_size": self.graph.replay_size,
             "prior_size": prior["rows"] if prior else 0,
             "runner_restarts": self.graph.runner_restarts,

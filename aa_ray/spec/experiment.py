@@ -394,8 +394,31 @@ class CheckpointSpec(SpecModel):
     )
 
 
+TRACKING_BACKENDS = ("mlflow", "tensorboard", "wandb")
+
+
+def _distinct_backends(backends: list[str]) -> list[str]:
+    if not backends:
+        raise ValueError("name at least one backend (mlflow, tensorboard, wandb), or set tracking.enabled: false")
+    repeated = sorted({name for name in backends if backends.count(name) > 1})
+    if repeated:
+        raise ValueError(f"{', '.join(repeated)} named more than once: list each backend once")
+    return backends
+
+
 class TrackingSpec(SpecModel):
-    enabled: bool = Field(True, description="record the run in MLflow")
+    enabled: bool = Field(True, description="record the run in the tracking backends (tracking.backends)")
+    backends: Annotated[list[Literal["mlflow", "tensorboard", "wandb"]], AfterValidator(_distinct_backends)] = Field(
+        default_factory=lambda: ["mlflow"],
+        description="where a tracked run is recorded, each with the same params and metrics: mlflow (the store at "
+        "MLFLOW_TRACKING_URI, the default), tensorboard (event files in the run folder: tensorboard --logdir runs/; "
+        "needs pip install 'aa-ray[tensorboard]'), wandb (Weights & Biases, online or with WANDB_MODE=offline; "
+        "needs pip install 'aa-ray[wandb]'). Models, the outbox and sweep parent runs are MLflow's",
+    )
+    wandb_project: SafeName | None = Field(
+        None, description="the W&B project of the run (default: tracking.experiment)")
+    wandb_entity: SafeName | None = Field(
+        None, description="the W&B team or user the project belongs to (default: the logged-in user's default entity)")
     experiment: str = Field("aa-ray", min_length=1, description="MLflow experiment name")
     flush_every_s: Annotated[PositiveFloat, AfterValidator(_an_hour_at_most(
         "metrics wait in the outbox this long before they are sent, so a longer wait loses them to any crash, and "

@@ -82,6 +82,26 @@ def check_stop_metric(spec: ExperimentSpec) -> None:
         )
 
 
+# the package each tracking backend beside MLflow writes with, and the extra that installs it
+BACKEND_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
+
+
+def check_tracking_packages(spec: ExperimentSpec) -> None:
+    """ValueError unless every tracking backend a tracked run names has its client installed here (a
+    checkpoint's spec read where it is not installed is fine: only a run writes to it)."""
+    if not spec.tracking.enabled:
+        return
+    import importlib.util
+
+    for backend in spec.tracking.backends:
+        package = BACKEND_PACKAGES.get(backend)
+        if package is not None and importlib.util.find_spec(package) is None:
+            raise ValueError(
+                f"tracking.backends: {backend} needs the {package} package, which is not installed here: "
+                f"pip install 'aa-ray[{backend}]', or remove {backend} from tracking.backends"
+            )
+
+
 def check_here(spec: ExperimentSpec) -> None:
     """What `aa-ray run` would fail on before it starts anything, beyond what the model checks wherever a
     spec is validated (Ray workers, trials, a checkpoint's stored spec): the env.py_modules folders exist
@@ -90,6 +110,7 @@ def check_here(spec: ExperimentSpec) -> None:
     it through `loader.load_spec`. The env is made only for the last two, and only where they apply.
     ValueError naming the field."""
     check_py_modules_here(spec.env.py_modules)
+    check_tracking_packages(spec)
     check_stop_metric(spec)
     if getattr(spec.algo, "sym_aug", False):
         from aa_ray.envs.make import env_dims

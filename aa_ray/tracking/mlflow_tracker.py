@@ -20,7 +20,6 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import urlencode
@@ -38,6 +37,7 @@ from aa_ray.spec.loader import flatten, spec_hash, spec_to_dict
 from aa_ray.tracking.credentials import scrub_uris, scrubbed, without_credentials
 from aa_ray.tracking.machine import machine_tags
 from aa_ray.tracking.outbox import FINISH_WAIT_S, FLUSH_WAIT_S, MAX_BATCH, Notice, Outbox, store_answers
+from aa_ray.tracking.tracker import RunContext
 
 if TYPE_CHECKING:  # the model module brings torch and the envs: imported when a run logs a model
     from aa_ray.tracking.models import ModelUpload, SavedModel
@@ -161,17 +161,6 @@ def opening_store(uri: str) -> Iterator[None]:
         ) from err
 
 
-@dataclass(frozen=True)
-class RunContext:
-    """Where a run is recorded when it is part of something bigger (a sweep trial, a pipeline stage)."""
-
-    tracking_uri: str | None = None
-    parent_run_id: str | None = None
-    run_name: str | None = None
-    tags: dict[str, str] = field(default_factory=dict)
-    run_id: str | None = None  # continue this run (a retried trial that had not checkpointed yet)
-
-
 def store_uri(context: RunContext | None = None) -> str:
     """The store a run records itself in: its context's, else MLflow's (MLFLOW_TRACKING_URI or the default)."""
     return (context.tracking_uri if context else None) or mlflow.get_tracking_uri()
@@ -292,6 +281,10 @@ def git_commit() -> str | None:
 
 
 class MlflowTracker:
+    """The `Tracker` of the `mlflow` backend (`tracker.py`): the run in the MLflow store, through the outbox."""
+
+    backend = "mlflow"
+
     def __init__(self, spec: ExperimentSpec, run_id: str | None = None, context: RunContext | None = None):
         context = context or RunContext()
         uri = store_uri(context)

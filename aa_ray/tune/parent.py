@@ -1,6 +1,8 @@
-"""What sweeps, suites and pipelines share on the driver: the MLflow parent run their trials nest under,
-and absolute paths (Tune runs each trial in a folder of its own, so a relative path in a spec
-would point somewhere else there)."""
+"""What sweeps, suites and pipelines share on the driver: the MLflow parent run their trials nest under
+(where `tracking.backends` has mlflow), what each trial is told about where it is tracked
+(`trial_tracking`: that parent run, and the group the other backends show its trials in), and absolute
+paths (Tune runs each trial in a folder of its own, so a relative path in a spec would point somewhere
+else there)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from aa_ray.runtime import cluster
 from aa_ray.errors import SpecError
+from aa_ray.runtime import cluster
 from aa_ray.runtime.run_record import STOP_REASON_TAG
 from aa_ray.spec.loader import set_values
 from aa_ray.tracking.mlflow_tracker import (
@@ -138,6 +140,17 @@ class ParentRun:
         if reason is not None:
             retry_locked(lambda: self.client.set_tag(self.run_id, STOP_REASON_TAG, reason))
         retry_locked(lambda: self.client.set_terminated(self.run_id, status=status))
+
+
+def trial_tracking(parent: ParentRun | None, kind: str, name: str, group: str, run_name: str,
+                   tags: dict[str, str]) -> dict[str, Any]:
+    """What a trial or stage of the sweep, suite or pipeline `name` needs to be tracked (plain data
+    sent to Tune): a child of the MLflow `parent` run where there is one, and in every backend part
+    of `group` (W&B's group; in TensorBoard, the trials' run folders are in the folder of that name)."""
+    if parent is not None:
+        return {**parent.child_tracking(run_name, tags), "group": group}
+    return {"uri": None, "experiment_id": None, "parent_run_id": None, "run_name": run_name,
+            "tags": {f"aa_ray.{kind}": name, **tags}, "group": group}
 
 
 def end_invocation(parent: ParentRun | None, status: str, started_ray: bool, report: Any = print,

@@ -33,7 +33,7 @@ from aa_ray.runtime import cluster
 from aa_ray.runtime.checkpoint import STATE_FILE, newest_checkpoint
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import set_values, spec_hash, validate_spec
-from aa_ray.tune.parent import ParentRun, absolute_paths, tune_storage
+from aa_ray.tune.parent import ParentRun, absolute_paths, trial_tracking, tune_storage
 from aa_ray.tune.session import (
     RESUMABLE,
     TrialEvents,
@@ -177,7 +177,8 @@ def run_pipeline(pipeline: Pipeline, force: bool = False, track: bool = True, re
         report(f"resuming the pipeline in {root} (its last invocation: {earlier['status']})" if resuming else
                f"no interrupted pipeline {name} in {root}: starting a new invocation")
     parent = None
-    if track and first_spec.tracking.enabled:
+    tracked = track and first_spec.tracking.enabled
+    if tracked and "mlflow" in first_spec.tracking.backends:
         reopen = earlier.get("parent_run_id") if resuming else None
         parent = ParentRun(first_spec.tracking.experiment, "pipeline", name, run_name=f"pipeline:{name}",
                            reopen=reopen)
@@ -229,8 +230,8 @@ def run_pipeline(pipeline: Pipeline, force: bool = False, track: bool = True, re
                     storage = tune_storage(pipeline.spec.storage, root / "tune", pipeline.path)
                 cluster.check_capacity(plan.bundles(), what=f"stage {stage_name!r}")
                 tracking = None
-                if parent is not None:  # a resumed stage finds its child run by these tags
-                    tracking = {**parent.child_tracking(run_name, tags), "identity": tags}
+                if tracked:  # a resumed stage finds its MLflow child run by these tags
+                    tracking = {**trial_tracking(parent, "pipeline", name, root.name, run_name, tags), "identity": tags}
                 if not _run_stage(plan, plan.trial_config(tracking, resume_from), pipeline.spec.max_failures,
                                   root, storage):
                     stopped = stage_name

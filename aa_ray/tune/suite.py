@@ -34,7 +34,7 @@ from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import spec_hash, validate_spec
 from aa_ray.tracking.mlflow_tracker import retry_locked
 from aa_ray.tracking.suite_report import ENV_TAG, LABEL_TAG, REFERENCES_TAG, SUPERSEDED_TAG
-from aa_ray.tune.parent import ParentRun, absolute_paths, tune_storage
+from aa_ray.tune.parent import ParentRun, absolute_paths, trial_tracking, tune_storage
 from aa_ray.tune.session import (
     RESUMABLE,
     TrialEvents,
@@ -99,10 +99,11 @@ def plan_cells(suite: Suite, root: Path) -> list[CellPlan]:
 def open_parent(suite: Suite, root: Path, spec: ExperimentSpec, fresh: bool = False,
                 report: Any = print) -> ParentRun | None:
     """The suite's MLflow parent run: the one its folder remembers (unless `fresh`), else a new one.
-    The suite file and its references are logged with it; None when the spec turns tracking off."""
+    The suite file and its references are logged with it; None when the spec turns tracking off or
+    does not track in MLflow."""
     state_path = root / SUITE_FILE
     state = {} if fresh else read_state(state_path)
-    if not spec.tracking.enabled:
+    if not spec.tracking.enabled or "mlflow" not in spec.tracking.backends:
         return None
     name = suite.spec.name
     parent = ParentRun(spec.tracking.experiment, "suite", name, run_name=f"suite:{name}",
@@ -172,7 +173,9 @@ def run_suite(suite: Suite, force: bool = False, track: bool = True, report: Any
         children = parent.children() if parent is not None else []
         if parent is not None:
             _mark_superseded(parent, plans, children)
-        cells = {plan.name: _trial_config(plan, parent, children, force, report) for plan in todo}
+        # each cell tracked as part of the suite: in W&B, the group named after the suite's folder
+        group = (spec.name, root.name) if track and plans[0].spec.tracking.enabled else None
+        cells = {plan.name: _trial_config(plan, parent, children, force, report, group) for plan in todo}
         if todo:
             largest = max((trial_bundles(plan.spec) for plan in todo),
                           key=lambda bundles: sum(bundle.get("CPU", 0.0) for bundle in bundles))
@@ -203,7 +206,8 @@ def run_suite(suite: Suite, force: bool = False, track: bool = True, report: Any
 
 
 def _trial_config(plan: CellPlan, parent: ParentRun | None, children: list[Any], force: bool,
-                  report: Any) -> dict[str, Any]:
+                  report: Any, group: tuple[str, str] | None) -> dict[str, Any]:
+    """The cell's trial config; `group`: the suite's name and its tracking group, None untracked."""
     resume_from = None if force else newest_checkpoint(plan.folder / "checkpoints")
     if resume_from is not None:
         report(f"{plan.name}: resuming from {resume_from.name}")
@@ -212,8 +216,9 @@ def _trial_config(plan: CellPlan, parent: ParentRun | None, children: list[Any],
             if all(child.data.tags.get(k) == v for k, v in plan.identity().items()):
                 retry_locked(lambda run_id=child.info.run_id: parent.client.delete_run(run_id))
     tracking = None
-    if parent is not None:
-        tracking = parent.child_tracking(f"{parent.name}:{plan.name}", plan.tags())
+    if group is not None:
+        suite_name, group_name = group
+        tracking = trial_tracking(parent, "suite", suite_name, group_name, f"{suite_name}:{plan.name}", plan.tags())
         tracking["identity"] = plan.identity()
     return {"spec": plan.raw, "run_dir": str(plan.folder), "tracking": tracking, "key": plan.key,
             "resume_from": str(resume_from) if resume_from else None}

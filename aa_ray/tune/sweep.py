@@ -1,7 +1,8 @@
 """`aa-ray sweep`: a Ray Tune search over dotted spec keys. Every trial is a full training run
 (its own actor graph and placement group), reports each evaluation and checkpoint to Tune, is
 retried from its last checkpoint when it fails (`max_failures`), and is a child MLflow run of the
-sweep's parent run.
+sweep's parent run (with `tracking.backends` naming mlflow), a run of the W&B group named after the
+sweep's folder (wandb), and event files in its run folder inside that folder (tensorboard).
 
 The console shows Tune's status table (a `CLIReporter`, every `STATUS_EVERY_S`) and one line per
 trial event (`TrialEvents`); each trial's own output goes to `trial.log` in its run folder.
@@ -23,7 +24,7 @@ from ray import tune
 
 from aa_ray import metric_names as m
 from aa_ray.spec.loader import set_values, validate_spec
-from aa_ray.tune.parent import ParentRun, absolute_paths, tune_storage
+from aa_ray.tune.parent import ParentRun, absolute_paths, trial_tracking, tune_storage
 from aa_ray.tune.session import (
     RESUMABLE,
     TrialEvents,
@@ -97,7 +98,8 @@ def run_sweep(sweep: Sweep, track: bool = True, report: Any = print, resume: boo
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         root = Path(base_spec.runtime.output_dir) / f"sweep-{spec.name}-{stamp}"
     parent = None
-    if track and base_spec.tracking.enabled:
+    tracked = track and base_spec.tracking.enabled
+    if tracked and "mlflow" in base_spec.tracking.backends:
         parent = ParentRun(base_spec.tracking.experiment, "sweep", spec.name, run_name=f"sweep:{spec.name}",
                            reopen=earlier.parent_run_id if earlier else None)
         if earlier is None or parent.run_id != earlier.parent_run_id:  # params are written once per parent run
@@ -116,7 +118,8 @@ def run_sweep(sweep: Sweep, track: bool = True, report: Any = print, resume: boo
     try:
         cluster.check_capacity(largest, what="the sweep's largest trial")  # else Tune would wait forever
         trainable = tune.with_parameters(
-            sweep_trial, base=base, root=str(root), tracking=parent.child_tracking(spec.name, {}) if parent else None,
+            sweep_trial, base=base, root=str(root),
+            tracking=trial_tracking(parent, "sweep", spec.name, root.name, spec.name, {}) if tracked else None,
         )
         # each trial's placement group: a bundle for the trial itself, then its own spec's bundles
         resources = lambda config: trial_resources(validate_spec(set_values(base, config["params"])))  # noqa: E731

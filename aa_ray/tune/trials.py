@@ -2,7 +2,7 @@
 trial's driver (this function) followed by the experiment spec's own bundles, and the trainer's
 `ActorGraph` puts its actors into those (`aa_ray.runtime.cluster.placement`), so Tune never
 oversubscribes the cluster. A trial reports every evaluation and checkpoint to Tune; a retried trial resumes from its
-last checkpoint and keeps writing into the same MLflow run."""
+last checkpoint and keeps writing into the same runs of every tracking backend."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from aa_ray import metric_names as m
 from aa_ray.runtime.cluster import PLACEMENT_STRATEGIES
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import spec_hash, validate_spec
-from aa_ray.tracking.mlflow_tracker import PARENT_TAG, RunContext, retry_locked
+from aa_ray.tracking.mlflow_tracker import PARENT_TAG, retry_locked
+from aa_ray.tracking.tracker import RunContext
 
 DRIVER_CPUS = 0.5  # the trial's own process mostly waits on its actors
 TRIAL_TAG = "aa_ray.trial_id"
@@ -47,24 +48,27 @@ def trial_resources(spec: ExperimentSpec, bundles: list[dict[str, float]] | None
 
 
 def run_context(config: dict[str, Any], trial_id: str) -> RunContext:
-    """The trial's MLflow run: nested under the sweep's, suite's or pipeline's parent; a retried
-    trial that had not checkpointed yet finds the run its first attempt created instead of starting
-    another. A trial is known by its Tune id, or by `tracking["identity"]` tags that outlive one
-    invocation (a suite's cell)."""
-    from mlflow.tracking import MlflowClient
-
+    """Where the trial is tracked (`parent.trial_tracking`): its MLflow run nested under the sweep's,
+    suite's or pipeline's parent, where there is one, and its group in the other backends. A retried
+    trial that had not checkpointed yet finds the MLflow run its first attempt created instead of
+    starting another. A trial is known by its Tune id, or by `tracking["identity"]` tags that outlive
+    one invocation (a suite's cell)."""
     tracking = config["tracking"]
     identity = tracking.get("identity") or {TRIAL_TAG: trial_id}
     tags = {**tracking["tags"], TRIAL_TAG: trial_id, **identity}
-    client = MlflowClient(tracking_uri=tracking["uri"])
-    conditions = [f"tags.`{PARENT_TAG}` = '{tracking['parent_run_id']}'",
-                  *(f"tags.`{key}` = '{value}'" for key, value in identity.items())]
-    earlier = retry_locked(
-        lambda: client.search_runs([tracking["experiment_id"]], filter_string=" and ".join(conditions))
-    )
+    earlier = []
+    if tracking["parent_run_id"] is not None:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=tracking["uri"])
+        conditions = [f"tags.`{PARENT_TAG}` = '{tracking['parent_run_id']}'",
+                      *(f"tags.`{key}` = '{value}'" for key, value in identity.items())]
+        earlier = retry_locked(
+            lambda: client.search_runs([tracking["experiment_id"]], filter_string=" and ".join(conditions))
+        )
     return RunContext(
         tracking_uri=tracking["uri"], parent_run_id=tracking["parent_run_id"], run_name=tracking["run_name"],
-        tags=tags, run_id=earlier[0].info.run_id if earlier else None,
+        tags=tags, run_id=earlier[0].info.run_id if earlier else None, group=tracking.get("group"),
     )
 
 
@@ -96,6 +100,8 @@ def train_trial(config: dict[str, Any], on_finished: Callable[[dict[str, float]]
 
     trainer = Trainer(
         spec, run_dir=Path(config["run_dir"]), resume=resume, live=False,
+        # no tracking for the trial: the sweep, suite or pipeline is not tracked (--no-track)
+        track=bool(config["tracking"]),
         context=run_context(config, context.get_trial_id()) if config["tracking"] else None, reporter=report,
     )
     trainer.run()
@@ -123,7 +129,7 @@ def rollout_trial(config: dict[str, Any]) -> None:
         dataset_id=config.get("dataset_id"), trust_code=True, overwrite=True,
     )
     tracking = config["tracking"]
-    if tracking:
+    if tracking and tracking["parent_run_id"] is not None:  # rollouts are recorded in MLflow only
         client = MlflowClient(tracking_uri=tracking["uri"])
         tags = {**tracking["tags"], PARENT_TAG: tracking["parent_run_id"], "mlflow.runName": tracking["run_name"],
                 "env": spec.env.id, "dataset": summary["path"]}
