@@ -103,11 +103,30 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         print("| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + " |")
 
 
+SMOKE_HELP = ("the smallest cell, seconds long: the script's path end to end, as CI runs it "
+              "(tests/test_benchmarks_run.py); its numbers are not results")
+NO_SB3 = ("# stable-baselines3 is not installed (it comes with the bench extra: pip install -e '.[bench]'): "
+          "its contender is left out")
+
+
 def base_parser(description: str, reps: int) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--reps", type=int, default=reps, help="alternating repetitions per contender")
     parser.add_argument("--json", type=Path, default=None, help="also write the results to this JSON file")
+    add_smoke(parser)
     return parser
+
+
+def add_smoke(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+
+
+def sb3_installed() -> bool:
+    """Stable-Baselines3 is the reference of several benchmarks, installed by the bench extra only:
+    without it they time aa-ray's side and say so (NO_SB3)."""
+    import importlib.util
+
+    return importlib.util.find_spec("stable_baselines3") is not None
 
 
 def write_json(path: Path | None, payload: dict[str, Any]) -> None:

@@ -136,7 +136,7 @@ def main() -> None:
     parser.add_argument("--learn-at", type=int, default=4096, help="the env count of the `device learn` cell")
     parser.add_argument("--quick", action="store_true", help="256 envs, 2 repetitions: a smoke run for CI")
     args = parser.parse_args()
-    if args.quick:
+    if args.quick or args.smoke:
         args.envs, args.reps, args.learn_at = [256], 2, 256
     torch.set_num_threads(1)
     info = machine_info()

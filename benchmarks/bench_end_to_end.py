@@ -38,6 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
+    NO_SB3,
     SPECS,
     alternate,
     base_parser,
@@ -46,6 +47,7 @@ from _common import (  # noqa: E402
     median_ratio,
     print_machine,
     print_table,
+    sb3_installed,
     write_json,
 )
 from _timed import actor_niceness, run_timed, start_ray, trainer_overrides  # noqa: E402
@@ -108,6 +110,8 @@ def main() -> None:
                         help="set RAY_worker_niceness (Ray's default is 15) for a sensitivity check")
     parser.add_argument("--verbose", action="store_true", help="show the Trainer's progress lines")
     args = parser.parse_args()
+    if args.smoke:  # the inline contenders (and SB3) at a tiny budget: the script's path without a Ray start
+        args.reps, args.budget, args.warm_up, args.skip_train_every_1 = 1, 400, 200, True
     torch.set_num_threads(1)
     info = machine_info()
     print_machine(info)
@@ -121,12 +125,15 @@ def main() -> None:
         for every in (None, 1)
     )
     te = spec.algo.train_every
-    start_ray(spec, args.ray_worker_niceness)
-    info["ray_actor_niceness"] = actor_niceness()
+    if not args.smoke:
+        start_ray(spec, args.ray_worker_niceness)
+        info["ray_actor_niceness"] = actor_niceness()
     quiet = not args.verbose
     print(f"# Pendulum-v1, budget {args.budget}, warm-up {args.warm_up}, UTD 1, batch 256, 256x256, "
           f"spec train_every {te}, {args.reps} reps; rates = env steps/s in the learning phase")
-    print(f"# Ray actors run at nice {info['ray_actor_niceness']}, this process (SB3, inline) at nice {os.nice(0)}")
+    if not args.smoke:
+        print(f"# Ray actors run at nice {info['ray_actor_niceness']}, this process (SB3, inline) at nice "
+              f"{os.nice(0)}")
 
     ray16, noray16 = f"aa-ray Ray (train_every={te})", f"aa-ray inline (train_every={te})"
     ray1, noray1 = "aa-ray Ray (train_every=1)", "aa-ray inline (train_every=1)"
@@ -135,6 +142,11 @@ def main() -> None:
         ("SB3 SAC", lambda: run_sb3(args.budget, args.warm_up)),
         (noray16, lambda: run_aa_ray(noray16, inline_spec, quiet)),
     ]
+    if args.smoke:
+        contenders = [c for c in contenders if c[0] != ray16]
+    if not sb3_installed():
+        print(NO_SB3)
+        contenders = [c for c in contenders if c[0] != "SB3 SAC"]
     if not args.skip_train_every_1:
         contenders += [
             (ray1, lambda: run_aa_ray(ray1, spec_te1, quiet)),
@@ -153,23 +165,28 @@ def main() -> None:
         [[n, statistics.median(rates[n]), min(rates[n]), max(rates[n]), detail(n, "ms_per_iter"),
           detail(n, "ms_per_update_in_learner"), detail(n, "ms_per_iter_outside_learner")] for n in names],
     )
+    def ratio(num: str, den: str) -> float | None:  # None: a contender left out (--smoke, no SB3)
+        return median_ratio(rates, num, den) if num in rates and den in rates else None
+
     ratios = {
-        f"aa-ray Ray te={te} / SB3": median_ratio(rates, ray16, "SB3 SAC"),
-        f"aa-ray Ray te={te} / aa-ray inline te={te}": median_ratio(rates, ray16, noray16),
-        f"aa-ray inline te={te} / SB3": median_ratio(rates, noray16, "SB3 SAC"),
+        f"aa-ray Ray te={te} / SB3": ratio(ray16, "SB3 SAC"),
+        f"aa-ray Ray te={te} / aa-ray inline te={te}": ratio(ray16, noray16),
+        f"aa-ray inline te={te} / SB3": ratio(noray16, "SB3 SAC"),
     }
     if not args.skip_train_every_1:
         ratios.update({
-            "aa-ray Ray te=1 / SB3": median_ratio(rates, ray1, "SB3 SAC"),
-            f"aa-ray Ray te=1 / Ray te={te}": median_ratio(rates, ray1, ray16),
-            f"aa-ray inline te=1 / inline te={te}": median_ratio(rates, noray1, noray16),
-            "aa-ray Ray te=1 / inline te=1": median_ratio(rates, ray1, noray1),
+            "aa-ray Ray te=1 / SB3": ratio(ray1, "SB3 SAC"),
+            f"aa-ray Ray te=1 / Ray te={te}": ratio(ray1, ray16),
+            f"aa-ray inline te=1 / inline te={te}": ratio(noray1, noray16),
+            "aa-ray Ray te=1 / inline te=1": ratio(ray1, noray1),
         })
+    ratios = {name: value for name, value in ratios.items() if value is not None}
     print("\nratios (median of per-rep ratios)")
     print_table(["ratio", "value"], [[k, v] for k, v in ratios.items()])
     write_json(args.json, {
         "bench": "end_to_end", "machine": info, "command": command_line(), "rates": rates, "ratios": ratios,
         "budget": args.budget, "warm_up": args.warm_up, "train_every": te, "breakdown": DETAILS,
+        "sb3": sb3_installed(), "smoke": args.smoke,
     })
 
 

@@ -62,6 +62,7 @@ sys.path.insert(0, str(BENCHMARKS))
 from _common import (  # noqa: E402
     REPO,
     SPECS,
+    add_smoke,
     alternate,
     command_line,
     git_state,
@@ -392,10 +393,12 @@ def main() -> None:
                              "no JSON unless --json names one")
     parser.add_argument("--json", type=Path, default=None,
                         help=f"where the results go (default {DEFAULT_RESULTS.relative_to(REPO)}, none with --quick)")
+    add_smoke(parser)
     args = parser.parse_args()
+    args.quick = args.quick or args.smoke
     env_counts = args.envs or (QUICK_ENV_COUNTS if args.quick else ENV_COUNTS)
-    seconds = args.seconds or (0.1 if args.quick else 2.5)
-    reps = args.reps or (2 if args.quick else 5)
+    seconds = args.seconds or (0.03 if args.smoke else 0.1 if args.quick else 2.5)
+    reps = args.reps or (1 if args.smoke else 2 if args.quick else 5)
     json_path = args.json or (None if args.quick else DEFAULT_RESULTS)
     if seconds <= 0:
         parser.error(f"--seconds must be positive, got {seconds}")

@@ -65,6 +65,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--quick", action="store_true", help="a few hundred env steps: the path, for CI")
     args = parser.parse_args()
+    args.quick = args.quick or args.smoke
     if args.quick:
         args.env_steps, args.eval_every, args.seeds = 512, 256, [0]
     info = machine_info()

@@ -48,6 +48,8 @@ def main() -> None:
     parser.add_argument("--warm-up", type=int, default=1000, help="random-action steps before learning")
     parser.add_argument("--verbose", action="store_true", help="show the Trainer's progress lines")
     args = parser.parse_args()
+    if args.smoke:  # the inline backend at a tiny budget: the script's path without a Ray start
+        args.reps, args.budget, args.warm_up = 1, 400, 200
     torch.set_num_threads(1)
     info = machine_info()
     print_machine(info)
@@ -58,9 +60,11 @@ def main() -> None:
     from mlflow.tracking import MlflowClient
 
     MlflowClient(uri).search_experiments()  # creates the store and runs its migrations, untimed
-    spec = load_spec(SPECS / "sac_pendulum.yaml", trainer_overrides(args.budget, args.warm_up, None, out))
-    start_ray(spec)
-    info["ray_actor_niceness"] = actor_niceness()
+    backend = ["runtime.backend=inline"] if args.smoke else []
+    spec = load_spec(SPECS / "sac_pendulum.yaml", [*trainer_overrides(args.budget, args.warm_up, None, out), *backend])
+    if not args.smoke:
+        start_ray(spec)
+        info["ray_actor_niceness"] = actor_niceness()
     print(f"# Pendulum-v1, budget {args.budget}, warm-up {args.warm_up}, train_every {spec.algo.train_every}, "
           f"flush_every_s {spec.tracking.flush_every_s}, {args.reps} reps; MLflow store {uri}")
 
