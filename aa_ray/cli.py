@@ -303,6 +303,10 @@ def _run(spec: ExperimentSpec, args: argparse.Namespace) -> int:
     _say(f"run folder: {result.run_dir}")
     if result.mlflow_run_id:
         _say(f"mlflow run: {result.mlflow_run_id}  {result.mlflow_url}" + _ui_hint(result.mlflow_url))
+    if "tensorboard" in result.tracking_runs:
+        _say(f"tensorboard: tensorboard --logdir {result.tracking_runs['tensorboard']}")
+    if "wandb" in result.tracking_runs:  # offline, `wandb sync` on the run folder's wandb/ uploads it
+        _say(f"wandb run: {result.tracking_runs['wandb']}  (files in {result.run_dir / 'wandb'})")
     return 0
 
 

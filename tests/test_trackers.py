@@ -125,10 +125,14 @@ def test_a_run_writes_the_same_metrics_to_all_three_and_a_resume_continues_each(
     assert after <= {row["_step"] for row in attempts[1]["history"] if "env/steps" in row}
 
 
-def test_a_sweeps_trials_are_a_wandb_group_and_tensorboard_subfolders(tmp_path: Path) -> None:
+def test_a_sweeps_trials_are_a_wandb_group_and_tensorboard_subfolders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
+) -> None:
     """What a sweep hands its trials (`trial_tracking`, `run_context`) opens each trial's run
     nested under the MLflow parent, in the W&B group named after the sweep's folder, and with its
-    event files in its own run folder inside the sweep's folder."""
+    event files in its own run folder inside the sweep's folder. The W&B key is in none of it."""
+    api_key = "fake-wandb-key-0123456789abcdef0123456789abcdef"
+    monkeypatch.setenv("WANDB_API_KEY", api_key)
     spec = load_spec(PENDULUM, TINY)
     parent = ParentRun(spec.tracking.experiment, "sweep", "lr", run_name="sweep:lr")
     root = tmp_path / "runs" / "sweep-lr-20260101-000000"
@@ -152,6 +156,9 @@ def test_a_sweeps_trials_are_a_wandb_group_and_tensorboard_subfolders(tmp_path: 
     assert folders == {Path(root.name) / "trial_a", Path(root.name) / "trial_b"}
     child = MlflowClient().get_run(trial_runs["trial_a"]["mlflow"])
     assert child.data.tags[PARENT_TAG] == parent.run_id
+    shown = capfd.readouterr()
+    assert api_key not in shown.out + shown.err
+    assert not [path for path in root.rglob("*") if path.is_file() and api_key.encode() in path.read_bytes()]
 
 
 def test_without_mlflow_a_trial_needs_no_parent_run(tmp_path: Path) -> None:
