@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from aa_ray.errors import UserError
 from aa_ray.spec.experiment import ExperimentSpec
+from aa_ray.tracking.credentials import scrub_uris
 
 if TYPE_CHECKING:
     from aa_ray.tracking.mlflow_tracker import MlflowTracker
@@ -129,15 +130,19 @@ class Trackers:
         return [notice for tracker in self.by_backend.values() for notice in tracker.notices()]
 
     def finish(self, status: str, say: Callable[[str], None] = print, wait_s: float | None = None) -> int:
-        unsent, first_error = 0, None
+        """End the run in every backend. Training is over by now: a TensorBoard or W&B run that cannot
+        be ended is said, not raised; an MLflow error is raised as before, once the others ended."""
+        unsent, mlflow_error = 0, None
         for backend, tracker in self.by_backend.items():
             try:
                 unsent += tracker.finish(status, say=say, wait_s=wait_s)
             except Exception as err:  # noqa: BLE001 - the other backends still end their runs
-                say(f"tracking backend {backend} could not end its run: {type(err).__name__}: {err}"[:500])
-                first_error = first_error or err
-        if first_error is not None:
-            raise first_error
+                if backend == "mlflow":
+                    mlflow_error = err
+                else:
+                    say(scrub_uris(f"{backend} could not end its run: {type(err).__name__}: {err}")[:500])
+        if mlflow_error is not None:
+            raise mlflow_error
         return unsent
 
 
