@@ -117,7 +117,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--variants", nargs="*", help="subset of variants for --part solve")
     parser.add_argument("--output-dir", default="/tmp/aa_ray_bench_family")
-    run_part(parser.parse_args(), {"updates": part_updates, "solve": part_solve})
+    args = parser.parse_args()
+    if args.smoke:  # every variant's learner, one call of two updates
+        args.part, args.updates, args.reps = "updates", 2, 1
+    run_part(args, {"updates": part_updates, "solve": part_solve})
 
 
 if __name__ == "__main__":

@@ -51,6 +51,9 @@ def main() -> None:
     parser = base_parser(__doc__.splitlines()[0], reps=5)
     parser.add_argument("--compile", action="store_true", help="also time learners.compile=on")
     args = parser.parse_args()
+    specs = ("sac", "sac_simba", "td3")
+    if args.smoke:  # one spec, one timing
+        args.reps, args.compile, specs = 1, False, ("sac",)
     torch.set_num_threads(1)
     info = machine_info()
     print_machine(info)
@@ -58,7 +61,7 @@ def main() -> None:
     replay.add(random_transitions(50_000, OBS_DIM, ACT_DIM))
     cpu = torch.device("cpu")
     rows, results = [], {}
-    for name in ("sac", "sac_simba", "td3"):
+    for name in specs:
         for compile_setting in ("off", "on") if args.compile else ("off",):
             spec = load_spec(SPECS / f"{name}.yaml", [
                 f"algo.batch_size={BATCH}", "algo.utd_ratio=1", f"algo.train_every={FLEET_STEPS}",

@@ -256,6 +256,9 @@ def main() -> None:
     parser.add_argument("--flush-denormal", action="store_true",
                         help="torch.set_flush_denormal(True) for every contender (see check_denormals.py)")
     args = parser.parse_args()
+    dims = DIMS
+    if args.smoke:  # one learner call per contender, Pendulum's dims
+        args.reps, args.updates, dims = 1, 16, dict(list(DIMS.items())[:1])
     torch.set_num_threads(1)
     if args.flush_denormal:
         torch.set_flush_denormal(True)
@@ -265,7 +268,7 @@ def main() -> None:
           f"alternating A B C / C B A, flush_denormal={args.flush_denormal}")
 
     rows, results = [], {}
-    for label, (obs_dim, act_dim) in DIMS.items():
+    for label, (obs_dim, act_dim) in dims.items():
         contenders, parts = make_contenders(obs_dim, act_dim, args.updates)
         for _, fn in contenders:  # warm-up outside the timed repetitions (Adam state, allocator)
             fn()

@@ -21,7 +21,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import SPECS, machine_info, print_machine, print_table  # noqa: E402
+from _common import SPECS, add_smoke, machine_info, print_machine, print_table  # noqa: E402
 from _timed import trainer_overrides  # noqa: E402
 
 from aa_ray.envs import env_dims  # noqa: E402
@@ -35,9 +35,24 @@ TINY = torch.finfo(torch.float32).tiny
 
 
 def optimizer_states(algo) -> list[torch.Tensor]:
+    """The moment tensors of every optimizer the algorithm holds, a few attributes deep (found by
+    type: the attribute names differ between algorithms and change)."""
+    optimizers, seen, frontier = [], set(), [algo]
+    for _ in range(4):
+        inner = []
+        for part in frontier:
+            if id(part) in seen or isinstance(part, (torch.Tensor, torch.nn.Module)):
+                continue
+            seen.add(id(part))
+            if isinstance(part, torch.optim.Optimizer):
+                optimizers.append(part)
+            elif hasattr(part, "__dict__"):
+                inner += vars(part).values()
+        frontier = inner
+    if not optimizers:
+        raise RuntimeError(f"found no optimizer on {type(algo).__name__}: nothing to count")
     states = []
-    for name in ("actor_step", "critic_step"):
-        optimizer = getattr(algo, name).optimizer
+    for optimizer in optimizers:
         for state in optimizer.state.values():
             states += [v for v in state.values() if torch.is_tensor(v) and v.numel() > 1]
     return states
@@ -62,13 +77,17 @@ def main() -> None:
     parser.add_argument("--env", choices=("pendulum", "pusher"), default="pendulum")
     parser.add_argument("--budget", type=int, default=3000)
     parser.add_argument("--flush-denormal", action="store_true", help="torch.set_flush_denormal(True) first")
+    add_smoke(parser)
     args = parser.parse_args()
+    warm_up = 1000
+    if args.smoke:  # one report, a few hundred steps after a short warm-up
+        args.budget, warm_up = 400, 200
     torch.set_num_threads(1)
     if args.flush_denormal and not torch.set_flush_denormal(True):
         sys.exit("this CPU does not support flushing denormals")
     print_machine(machine_info())
     spec_file = SPECS / ("sac_pendulum.yaml" if args.env == "pendulum" else "sac.yaml")
-    spec = load_spec(spec_file, trainer_overrides(args.budget, 1000, None, Path(tempfile.mkdtemp())))
+    spec = load_spec(spec_file, trainer_overrides(args.budget, warm_up, None, Path(tempfile.mkdtemp())))
     algo = spec.algo
     obs, act_dim = env_dims(spec)
     obs_dim = obs.full
@@ -81,7 +100,7 @@ def main() -> None:
     while steps < args.budget:
         transitions, stats = runner.sample(algo.train_every, steps < algo.warm_up_steps)
         if learning:
-            learner.update(replay.sample(algo.train_every * algo.utd_ratio, algo.batch_size), pending)
+            learner.update(pending, replay.sample(algo.train_every * algo.utd_ratio, algo.batch_size))
             pending = []
             runner.set_weights(*learner.policy_state())
         replay.add(transitions)
