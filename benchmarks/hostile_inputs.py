@@ -81,13 +81,14 @@ def run_case(case: str, argv: list[str], cwd: Path, marker: Path, watch: Path | 
 
 def planted_checkpoint(scratch: Path, marker: Path) -> Path:
     """A real pusher-reach checkpoint whose stored spec makes the env with os.system."""
+    from aa_ray.records import CheckpointParts, DriverCheckpoint, RunCounters
     from aa_ray.runtime.checkpoint import STATE_FILE, save_checkpoint
     from aa_ray.runtime.learner import Learner
     from aa_ray.spec.loader import load_spec
 
     spec = load_spec(SPECS / "sac.yaml", SMALL)
-    state = {"counters": {"env_steps": 0, "iterations": 0, "episodes": 0, "next_eval": 1000},
-             "learner": Learner(spec, 10, 2).state_dict(), "runners": []}
+    state = CheckpointParts(learner=Learner(spec, 10, 2).state_dict(),
+                            driver=DriverCheckpoint(RunCounters(0, 0, 0, next_eval=1000), [], [], {}))
     folder = save_checkpoint(scratch / "theirs_ckpt", spec, state)
     payload = torch.load(folder / STATE_FILE, weights_only=True)
     payload["spec"]["env"].update(entry_point="os:system", kwargs={"command": f"touch {marker}"})
@@ -97,7 +98,7 @@ def planted_checkpoint(scratch: Path, marker: Path) -> Path:
 
 def planted_model(scratch: Path, marker: Path) -> Path:
     """An MLflow model as a run logs it, whose pyfunc loader runs a command when imported."""
-    from aa_ray.runtime.checkpoint import MODEL_POLICY_FOLDER, save_checkpoint
+    from aa_ray.runtime.checkpoint import MODEL_POLICY_FOLDER, policy_only, save_checkpoint
     from aa_ray.runtime.learner import Learner
     from aa_ray.spec.loader import load_spec
     from aa_ray.tracking.models import save_policy_model
@@ -106,7 +107,7 @@ def planted_model(scratch: Path, marker: Path) -> Path:
     policy = Learner(spec, 10, 2).algo.policy_state()
     folder = scratch / "theirs_model"
     save_policy_model(spec, policy, folder, "policy", 0)
-    save_checkpoint(folder / MODEL_POLICY_FOLDER, spec, {"learner": {"algo": {"policy": policy}}})
+    save_checkpoint(folder / MODEL_POLICY_FOLDER, spec, policy_only(policy))
     (loader,) = (folder / "code").rglob("policy_pyfunc.py")
     loader.write_text(f"import os\nos.system('touch {marker}')\n" + loader.read_text())
     return folder
@@ -143,7 +144,11 @@ def mounted_small_disk(scratch: Path) -> Path | None:
     return disk
 
 
-def cases(scratch: Path) -> list[Outcome]:
+# --smoke: one case that plants code in a checkpoint and one that hides it in the user's env module
+SMOKE_CASES = ("checkpoint whose spec names os:system (eval)", "mirror that raises")
+
+
+def cases(scratch: Path, smoke: bool = False) -> list[Outcome]:
     marker = scratch / "planted_command_ran"
     ckpt = planted_checkpoint(scratch, marker)
     model = planted_model(scratch, marker)
@@ -168,6 +173,8 @@ def cases(scratch: Path) -> list[Outcome]:
     results: list[Outcome] = []
 
     def case(name: str, argv: list[str], **kwargs: object) -> None:
+        if smoke and name not in SMOKE_CASES:
+            return
         results.append(run_case(name, argv, scratch, marker=marker, **kwargs))
         print(f"{results[-1].exit_code:>3}  {name}", file=sys.stderr, flush=True)
 
@@ -203,7 +210,7 @@ def cases(scratch: Path) -> list[Outcome]:
                                                  "--set", f"algo.prior_data={minari_list}"])
     case("missing py_modules folder on the Ray backend", ["run", str(spec), "--set", "env.py_modules=[no/such/dir]",
                                                           "--set", "runtime.backend=ray"])
-    disk = mounted_small_disk(scratch)
+    disk = None if smoke else mounted_small_disk(scratch)
     if disk is not None:
         try:
             for fmt in ("torchscript", "onnx"):
@@ -235,8 +242,9 @@ def cases(scratch: Path) -> list[Outcome]:
     case("a grid of 10^6 trials", ["validate", str(grid)])
     case("two suite env ids that map to the same cell", ["validate", str(suite)])
     # 5. the smaller resume cases that need no training
-    subprocess.run([AA_RAY, "rollout", str(SPECS / "sac.yaml"), *sets(*SMALL), "--scripted", "--episodes", "1",
-                    "--out", str(dataset)], cwd=scratch, capture_output=True, timeout=600)
+    if not smoke:
+        subprocess.run([AA_RAY, "rollout", str(SPECS / "sac.yaml"), *sets(*SMALL), "--scripted", "--episodes", "1",
+                        "--out", str(dataset)], cwd=scratch, capture_output=True, timeout=600)
     case("rollout --out onto an existing dataset", ["rollout", str(SPECS / "sac.yaml"), *sets(*SMALL), "--scripted",
                                                     "--episodes", "1", "--out", str(dataset)])
     # /sys takes no new files, also for root (whom file modes do not stop)
@@ -248,9 +256,10 @@ def cases(scratch: Path) -> list[Outcome]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "hostile_inputs.json")
+    parser.add_argument("--smoke", action="store_true", help=f"only the cases {SMOKE_CASES} (what CI runs)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="aa-ray-hostile-") as scratch:
-        outcomes = cases(Path(scratch))
+        outcomes = cases(Path(scratch), args.smoke)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps([{**asdict(o), "handled": o.handled} for o in outcomes], indent=1))
     print("| case | exit | one message | code ran | secret shown | left behind | handled | seconds |\n"
