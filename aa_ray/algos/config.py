@@ -18,6 +18,8 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_va
 from aa_ray.algos.contract import RunShape
 from aa_ray.spec.base import SpecModel
 
+FamilyName = Literal["off_policy", "on_policy"]  # the runtime's families (`aa_ray.runtime.families.FAMILIES`)
+
 
 class ObservationGroups(SpecModel):
     """Which keys of a Dict observation the actor and the critic read (aa_ray/envs/obs_groups.py)."""
@@ -48,7 +50,7 @@ class OffPolicyKnobs(ObservationGroups, AlgorithmSource):
     """Replay, the TD regression, and how a gradient step is taken: every off-policy variant. A config
     with these knobs belongs to the off-policy family (`aa_ray.runtime.families.OffPolicy`)."""
 
-    family: ClassVar[str] = "off_policy"
+    family: ClassVar[FamilyName] = "off_policy"
     replay_actor: ClassVar[bool] = True  # a replay actor sits between the runners and the learners
 
     gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
@@ -114,11 +116,27 @@ class OnPolicyKnobs(ObservationGroups, AlgorithmSource):
     on-policy family (`aa_ray.runtime.families.OnPolicy`); the variant adds `updates_per_iteration`
     (gradient steps on one rollout) and may add checks to `check_run`."""
 
-    family: ClassVar[str] = "on_policy"
+    family: ClassVar[FamilyName] = "on_policy"
     replay_actor: ClassVar[bool] = False
 
     gamma: float = Field(0.99, gt=0, le=1, description="discount factor")
     train_every: PositiveInt = Field(32, description="rollout steps per env between updates")
+    sym_aug: bool = Field(
+        False,
+        description="symmetry augmentation: the algorithm doubles its minibatches with their mirror images "
+        "(aa_ray/envs/symmetry.py); the env must have a mirror",
+    )
+
+    # what the runtime reads of every family's config, fixed for this one
+    @property
+    def n_step(self) -> int:
+        """Runners record one-step rows; the algorithm computes its own multi-step returns (GAE)."""
+        return 1
+
+    @property
+    def precision(self) -> str:
+        """On-policy updates run in fp32."""
+        return "fp32"
 
     def check_run(self, run: RunShape) -> None:
         if run.fleet_envs % run.num_learners:
@@ -171,7 +189,8 @@ class BEEKnobs(SpecModel):
 
 
 class C51Support(SpecModel):
-    """The categorical critics' fixed support (C51); the composed config has `normalize_reward`."""
+    """The categorical critics' fixed support (C51), composed with `OffPolicyKnobs` (its
+    `normalize_reward` and `critic_loss` are checked against the support)."""
 
     num_atoms: int = Field(101, ge=2, description="atoms of the categorical support")
     v_min: float = Field(-20.0, description="lowest atom (soft return, in reward units after any scaling)")
@@ -181,9 +200,10 @@ class C51Support(SpecModel):
     def _support_consistent(self) -> C51Support:
         if not self.v_min < self.v_max:
             raise ValueError(f"v_min must be below v_max (got {self.v_min} and {self.v_max})")
-        if getattr(self, "normalize_reward", False) and not self.v_min < 0 < self.v_max:
+        scaled = isinstance(self, OffPolicyKnobs) and self.normalize_reward
+        if scaled and not self.v_min < 0 < self.v_max:
             raise ValueError("normalize_reward scales returns to fit the support: it needs v_min < 0 < v_max")
-        if getattr(self, "critic_loss", "mse") != "mse":
+        if isinstance(self, OffPolicyKnobs) and self.critic_loss != "mse":
             raise ValueError("critic_loss applies to scalar critics; the categorical critics use cross-entropy")
         return self
 

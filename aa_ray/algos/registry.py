@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 from torch import nn
 
 from aa_ray.algos import crossq, droq, fast_sac, fast_td3, ppo, sac, sac_dist, sac_dist_simba, sac_simba, td3
+from aa_ray.algos.config import OffPolicyKnobs, OnPolicyKnobs
 from aa_ray.algos.contract import TrainingSetup
 from aa_ray.errors import what_user_code_did
 from aa_ray.records import ObsDims
@@ -46,7 +47,6 @@ ALGORITHMS: dict[str, Registered] = {
 
 
 PLUGIN_GROUP = "aa_ray.algorithms"
-FAMILIES = ("off_policy", "on_policy")
 _plugins: dict[str, Registered] = {}  # name -> a plugin imported in this process (as sys.modules caches it)
 
 
@@ -68,7 +68,7 @@ def load_plugin(module: str) -> Registered:
             "algorithm, make_policy)"
         )
     name = entry.config.model_fields["name"].default if "name" in entry.config.model_fields else None
-    if not isinstance(name, str) or getattr(entry.config, "family", None) not in FAMILIES:
+    if not isinstance(name, str) or not issubclass(entry.config, OffPolicyKnobs | OnPolicyKnobs):
         raise ValueError(
             f"algo.plugin: the config of {module}.ALGORITHM needs a `name` literal with a default and a family: "
             "build it on aa_ray.algos.config.OffPolicyKnobs or OnPolicyKnobs"

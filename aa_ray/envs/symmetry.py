@@ -195,7 +195,7 @@ def sym_aug_mirror(spec: Any, obs: ObsDims | int, act_dim: int) -> Mirror | None
     """The mirror a run augments with (None without `algo.sym_aug`); SpecError when the env's
     observations or actions are not the shape its mirror was written for (other env kwargs), or
     are grouped (a mirror maps one flat observation)."""
-    if not getattr(spec.algo, "sym_aug", False):
+    if not spec.algo.sym_aug:
         return None
     obs = ObsDims.of(obs)
     if obs.groups:

@@ -55,7 +55,7 @@ class BatchedRunner:
         self.obs = self.envs.reset(seed=seeding.train_env_seeds(spec.seed, index, incarnation, 1)[0])
         self.gamma = spec.algo.gamma
         self.episodes = EpisodeCounters(self.num_envs, self.envs.info_keys, self.device, self.gamma)
-        self.nstep = TensorNStep(getattr(spec.algo, "n_step", 1), self.gamma)
+        self.nstep = TensorNStep(spec.algo.n_step, self.gamma)
         self.eval_envs: BatchedEnv | None = None
         self.metrics = RunMetrics(run_tag(spec), runner=index)
         self.weights_s = 0.0

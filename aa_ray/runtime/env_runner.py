@@ -93,7 +93,7 @@ class EnvRunner:
         self.episodes = EpisodeTracker(self.num_envs)
         self.gamma = spec.algo.gamma
         self.running_return = np.zeros(self.num_envs)  # discounted, raw rewards: feeds reward normalization
-        n_step = getattr(spec.algo, "n_step", 1)
+        n_step = spec.algo.n_step  # every family's config has one (on-policy: 1)
         self.nstep = NStepWindow(self.num_envs, n_step, self.gamma) if n_step > 1 else None
         self.eval_envs: gym.vector.VectorEnv | None = None
         self.metrics = RunMetrics(run_tag(spec), runner=index)

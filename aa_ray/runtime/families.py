@@ -1,15 +1,17 @@
 """Algorithm families: what the runtime does differently for an algorithm that learns from replay
 and for one that learns from fresh rollouts. Everything the runtime needs to know about an
-algorithm it learns from its family, chosen through the registry (the config's `family`, set by
-the `OffPolicyKnobs` or `OnPolicyKnobs` mixin); no runtime module imports an algorithm's file.
+algorithm it learns from its family (the config's `family`, set by the `OffPolicyKnobs` or
+`OnPolicyKnobs` mixin); no runtime module imports an algorithm's file. `FAMILIES` is the one list of
+them; each satisfies the `Family` Protocol.
 
 A family owns:
 - its collection mode: the loop calls the env runner's `sample` (stored transitions) or
   `sample_rollout` (a rollout with log-probs and values); `same_step_reset` is the vector
   env's autoreset mode (a rollout needs every row to be a real transition);
 - its loop (`aa_ray.runtime.loops.make_loop` reads `loop`);
-- its records: the learner turns what it is given (`ReplaySample`s, `RolloutChunk`s) into what the
-  algorithm's `update` reads (`Batch`es, a `Rollout`) in `learn`;
+- its records: `learn` turns what the learner was given (`ReplaySample`s, `RolloutChunk`s) into what
+  the algorithm's `update` reads (`Batch`es, a `Rollout`), with what it needs of the learner handed
+  over as a `LearnerShard` (it never calls the learner back);
 - its update count (the config's `updates_per_iteration`) and its augmentation (off-policy: the
   learner mirrors replay batches; on-policy: the algorithm mirrors its own minibatches).
 """
@@ -22,6 +24,7 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
+from aa_ray.algos.config import FamilyName, OffPolicyKnobs, OnPolicyKnobs
 from aa_ray.algos.contract import Algorithm, TrainingSetup
 from aa_ray.algos.registry import build_algorithm
 from aa_ray.envs.symmetry import Mirror, augment
@@ -37,16 +40,23 @@ from aa_ray.records import (
 )
 
 
-class LearnerView(Protocol):
-    """What a family's `learn` may use of the learner it runs in."""
+class FleetFeed(Protocol):
+    """Puts a learner iteration's transitions on the learner's device, one fleet step at a time
+    (`learner.DeviceFeed`)."""
 
-    algo: Algorithm
+    def fleet_steps(self, transitions: Transitions | PackedTransitions, utd: int) -> Iterator[Batch]: ...
+
+
+class LearnerShard(NamedTuple):
+    """Where a family's `learn` runs: the learner's device, its rank among `world_size` learners,
+    the env's mirror with `algo.sym_aug` (else None), and the feed that puts replay data on the device.
+    The learner hands this over; a family never calls the learner back."""
+
     device: torch.device
     rank: int
     world_size: int
     mirror: Mirror | None
-
-    def batches(self, transitions: Transitions | PackedTransitions, utd: int) -> Iterator[Batch]: ...
+    feed: FleetFeed
 
 
 class Learned(NamedTuple):
@@ -54,11 +64,28 @@ class Learned(NamedTuple):
     updates: int  # gradient updates made (off-policy: replay batches trained on)
 
 
+class Family(Protocol):
+    """What the runtime does for every algorithm of a family (its config's mixin names it)."""
+
+    name: FamilyName
+    loop: str  # the driver's loop, a key of `aa_ray.runtime.loops.LOOPS`
+    same_step_reset: bool  # the vector env's autoreset mode: a rollout needs every row to be a real transition
+    merge_moments_first: bool  # the runners' moments reach the normalizers before the updates (else after)
+
+    def build(self, cfg: Any, obs: ObsDims, act_dim: int, setup: TrainingSetup, mirror: Mirror | None) -> Algorithm:
+        """The algorithm, given what this family adds to its constructor."""
+        ...
+
+    def learn(self, algo: Algorithm, cfg: Any, data: Sequence[Any], shard: LearnerShard) -> Learned:
+        """One learner iteration: turn what the learner was given into what `algo.update` reads, and update."""
+        ...
+
+
 class OffPolicy:
     """Learns from replay: runners store transitions in the replay actor, the learners train on
     stacks of sampled batches, `utd_ratio` per fleet step."""
 
-    name = "off_policy"
+    name: FamilyName = "off_policy"
     loop = "replay"
     same_step_reset = False
     merge_moments_first = True  # the normalizers take the new data's moments, then stay frozen during the updates
@@ -67,17 +94,18 @@ class OffPolicy:
         # the learner mirrors the replay batches (`learn`): the algorithm never sees the mirror
         return build_algorithm(cfg, obs, act_dim, setup)
 
-    def learn(self, learner: LearnerView, cfg: Any,
-              data: Sequence[ReplaySample | PackedTransitions | Transitions | DeviceSample]) -> Learned:
+    def learn(self, algo: Algorithm, cfg: OffPolicyKnobs,
+              data: Sequence[ReplaySample | PackedTransitions | Transitions | DeviceSample], shard: LearnerShard
+              ) -> Learned:
         (sample,) = data
         if isinstance(sample, DeviceSample):  # runtime.mode device: batches drawn on this learner's device
             rows, fleet_steps = sample.rows, sample.fleet_steps  # (the spec refuses sym_aug there)
         else:
             transitions = sample.transitions if isinstance(sample, ReplaySample) else sample
-            if learner.mirror is not None:  # algo.sym_aug: the learner alone sees mirrored data
+            if shard.mirror is not None:  # algo.sym_aug: the learner alone sees mirrored data
                 unpacked = transitions.unpack() if isinstance(transitions, PackedTransitions) else transitions
-                transitions = augment(unpacked, learner.mirror)
-            rows, fleet_steps = transitions.rows, partial(learner.batches, transitions)
+                transitions = augment(unpacked, shard.mirror)
+            rows, fleet_steps = transitions.rows, partial(shard.feed.fleet_steps, transitions)
         utd = cfg.utd_ratio
         if rows % utd:
             raise ValueError(
@@ -86,7 +114,7 @@ class OffPolicy:
             )
         diagnostics: dict[str, Any] = {}
         for fleet_step in fleet_steps(utd):
-            diagnostics = learner.algo.update(fleet_step)
+            diagnostics = algo.update(fleet_step)
         return Learned(diagnostics, rows)
 
 
@@ -94,7 +122,7 @@ class OnPolicy:
     """Learns from fresh rollouts: every runner records `train_every` steps per env with the current
     weights, each learner updates on its share of the envs, and the data is dropped."""
 
-    name = "on_policy"
+    name: FamilyName = "on_policy"
     loop = "rollouts"
     same_step_reset = True
     merge_moments_first = False  # after the update, which sees the observations as the acting policy did
@@ -102,21 +130,21 @@ class OnPolicy:
     def build(self, cfg: Any, obs: ObsDims, act_dim: int, setup: TrainingSetup, mirror: Mirror | None) -> Algorithm:
         return build_algorithm(cfg, obs, act_dim, setup, mirror=mirror)
 
-    def learn(self, learner: LearnerView, cfg: Any, data: Sequence[RolloutChunk]) -> Learned:
+    def learn(self, algo: Algorithm, cfg: OnPolicyKnobs, data: Sequence[RolloutChunk], shard: LearnerShard
+              ) -> Learned:
         rollout = RolloutChunk.side_by_side(data)
-        if rollout.envs % learner.world_size:
+        if rollout.envs % shard.world_size:
             raise ValueError(
-                f"{rollout.envs} envs do not split evenly over learners.num_learners={learner.world_size}; "
+                f"{rollout.envs} envs do not split evenly over learners.num_learners={shard.world_size}; "
                 "make runners.num_runners x runners.envs_per_runner a multiple of it"
             )
-        share = rollout.envs // learner.world_size
-        mine = rollout.envs_slice(learner.rank * share, (learner.rank + 1) * share)
-        diagnostics = learner.algo.update(Rollout.from_chunk(mine, learner.device))
+        share = rollout.envs // shard.world_size
+        mine = rollout.envs_slice(shard.rank * share, (shard.rank + 1) * share)
+        diagnostics = algo.update(Rollout.from_chunk(mine, shard.device))
         return Learned(diagnostics, cfg.updates_per_iteration)
 
 
-Family = OffPolicy | OnPolicy
-FAMILIES: dict[str, Family] = {family.name: family for family in (OffPolicy(), OnPolicy())}
+FAMILIES: dict[FamilyName, Family] = {family.name: family for family in (OffPolicy(), OnPolicy())}
 
 
 def family_of(spec: Any) -> Family:

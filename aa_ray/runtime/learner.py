@@ -32,7 +32,7 @@ from aa_ray.algos.contract import Algorithm, TrainingSetup, diagnostics_to_float
 from aa_ray.algos.precision import autocast_dtype
 from aa_ray.envs.symmetry import sym_aug_mirror
 from aa_ray.records import Batch, LearnerReport, NormMoments, ObsDims, PackedTransitions, ReplaySample, Transitions
-from aa_ray.runtime.families import family_of
+from aa_ray.runtime.families import LearnerShard, family_of
 from aa_ray.runtime.metrics import RunMetrics, run_tag
 from aa_ray.spec.experiment import ExperimentSpec
 
@@ -90,11 +90,12 @@ class Learner:
         self.device = learner_device(spec)
         self.compiled = compiles(spec, self.device)
         self.compile_checked = not self.compiled  # the first compiled update is guarded (`_eager_if_compiling_fails`)
-        # what `algo.precision` (auto included) resolves to on this learner's device; a plugin may have no such knob
-        self.bf16 = autocast_dtype(getattr(spec.algo, "precision", "fp32"), self.device) == torch.bfloat16
+        # what `algo.precision` (auto included) resolves to on this learner's device
+        self.bf16 = autocast_dtype(spec.algo.precision, self.device) == torch.bfloat16
         self.feed = DeviceFeed(self.device)
         self.family = family_of(spec)
         self.mirror = sym_aug_mirror(spec, self.obs, act_dim)
+        self.shard = LearnerShard(self.device, rank, self.world_size, self.mirror, self.feed)  # what `learn` needs
         self.weights_version = 0
         self.gradient_updates = 0  # every update the algorithm made (critic and actor steps alike count once)
         self.algo: Algorithm | None = None  # built once this learner is in its process group
@@ -179,7 +180,7 @@ class Learner:
         start, received = time.perf_counter(), time.time()
         if self.family.merge_moments_first:
             self._merge(norm_stats)
-        learned = self.family.learn(self, self.spec.algo, data)
+        learned = self.family.learn(self.algo, self.spec.algo, data, self.shard)
         if not self.family.merge_moments_first:
             self._merge(norm_stats)
         self.gradient_updates += learned.updates
@@ -190,10 +191,6 @@ class Learner:
                 report.phases[m.PHASE_REPLAY_SAMPLE] = sample.timing.sample_s
                 report.phases[m.PHASE_TRANSFER] = max(received - sample.timing.sampled_at, 0.0)
         return report
-
-    def batches(self, transitions: Transitions | PackedTransitions, utd: int) -> Iterator[Batch]:
-        """A learner iteration's transitions on the device, one fleet step of `utd` batches at a time."""
-        return self.feed.fleet_steps(transitions, utd)
 
     def _eager_if_compiling_fails(self, update: Callable[[], LearnerReport]) -> LearnerReport:
         """Compilation happens inside the first compiled update. If it fails there, the learner says

@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from aa_ray.algos.config import RLPDKnobs
 from aa_ray.algos.contract import RunShape
 from aa_ray.algos.registry import ALGORITHMS, find_plugin
 from aa_ray.metric_names import INFO_KEY, RESERVED_INFO_KEYS
@@ -550,8 +551,8 @@ class ExperimentSpec(SpecModel):
             )
         from aa_ray.envs.symmetry import MIRRORS, find_mirror  # after _importable: aa_ray.envs loads MuJoCo
 
-        for field in ("actor_obs", "critic_obs"):
-            if getattr(self.algo, field, None) == []:
+        for field, keys in (("actor_obs", self.algo.actor_obs), ("critic_obs", self.algo.critic_obs)):
+            if keys == []:
                 reads = "the deployed policy" if field == "actor_obs" else "the critic"
                 raise ValueError(
                     f"algo.{field}: [] gives {reads} no observation at all; list the Dict observation's keys it "
@@ -559,7 +560,7 @@ class ExperimentSpec(SpecModel):
                 )
         if self.prior_data is not None and "\0" in self.prior_data:
             raise ValueError("algo.prior_data: contains a NUL byte (\\0), which no file system allows in a path")
-        sym_aug = getattr(self.algo, "sym_aug", False)
+        sym_aug = self.algo.sym_aug
         # a mirror the spec names is checked (an involution, ...) even while sym_aug is off
         mirror = find_mirror(self.env) if sym_aug or self.env.mirror is not None else None
         if sym_aug and mirror is None:
@@ -611,7 +612,7 @@ class ExperimentSpec(SpecModel):
                 f"({self.runners.num_runners}) must equal learners.num_learners ({self.learners.num_learners}); "
                 "runners.envs_per_runner is each process's number of env copies"
             )
-        unsupported = [field for field, used in (("sym_aug", getattr(self.algo, "sym_aug", False)),
+        unsupported = [field for field, used in (("sym_aug", self.algo.sym_aug),
                                                  ("prior_data", self.prior_data is not None)) if used]
         if unsupported:
             raise ValueError(
@@ -621,7 +622,7 @@ class ExperimentSpec(SpecModel):
     @property
     def prior_data(self) -> str | None:
         """RLPD's dataset path, or None (on-policy algorithms have none)."""
-        return getattr(self.algo, "prior_data", None)
+        return self.algo.prior_data if isinstance(self.algo, RLPDKnobs) else None
 
     @property
     def transitions_per_fleet_step(self) -> int:

@@ -112,7 +112,7 @@ def check_here(spec: ExperimentSpec) -> None:
     check_py_modules_here(spec.env.py_modules)
     check_tracking_packages(spec)
     check_stop_metric(spec)
-    if getattr(spec.algo, "sym_aug", False):
+    if spec.algo.sym_aug:
         from aa_ray.envs.make import env_dims
         from aa_ray.envs.symmetry import sym_aug_mirror
 
