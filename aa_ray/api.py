@@ -136,10 +136,10 @@ class Experiment:
         problem = job_tracking_problem(tracked)
         if problem:
             raise SpecError(problem)
-        payload = load_checkpoint(resume) if resume is not None else None  # checked against the spec in run()
+        checkpoint = load_checkpoint(resume) if resume is not None else None  # checked against the spec in run()
         callbacks = list(callbacks)
         live = {"auto": None, "live": True, "plain": False}[progress]
-        self.trainer = Trainer(self.spec, resume=payload, track=track, live=live,
+        self.trainer = Trainer(self.spec, resume=checkpoint, track=track, live=live,
                                reporter=_reporter(callbacks) if callbacks else None,
                                resume_without_replay=resume_without_replay)
         outcome = self.trainer.run()
@@ -185,13 +185,13 @@ class Policy:
         from aa_ray.runtime.checkpoint import CheckpointError, checkpoint_policy, load_checkpoint
 
         with _checkpoint_folder(checkpoint) as folder:
-            payload = load_checkpoint(folder)
+            saved = load_checkpoint(folder)
             if folder != Path(checkpoint):  # an MLflow model's policy data: messages name the model
-                payload["folder"] = Path(str(checkpoint))
-        if env_creator is not None and isinstance(payload.get("spec"), dict):
-            payload["spec"] = _with_creator(payload["spec"], env_creator)
-        self.checkpoint = Path(payload["folder"])
-        self.spec, state = checkpoint_policy(payload, trust_code=trust_code)
+                saved.folder = Path(str(checkpoint))
+        if env_creator is not None:
+            saved.spec = _with_creator(saved.spec, env_creator)
+        self.checkpoint = saved.folder
+        self.spec, state = checkpoint_policy(saved, trust_code=trust_code)
         obs, self.act_dim = env_dims(self.spec)
         # what `predict` and an exported file take: the actor's observation features (for a Dict
         # observation, its keys' features in `obs_keys` order; no privileged key is needed)

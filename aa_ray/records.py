@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -294,6 +295,67 @@ class Rollout(NamedTuple):
     @classmethod
     def from_chunk(cls, chunk: RolloutChunk, device: torch.device) -> Rollout:
         return cls(*(torch.tensor(column, device=device, dtype=torch.float32) for column in chunk))
+
+
+class PriorData(NamedTuple):
+    """What the replay actor loaded from an RLPD run's prior dataset (`algo.prior_data`)."""
+
+    rows: int
+    obs: ObsMoments  # the moments of its observations, which seed the observation normalizer
+
+
+class RunCounters(NamedTuple):
+    """How far a run has come, and when it evaluates next (a checkpoint's `counters`)."""
+
+    env_steps: int
+    iterations: int
+    episodes: int
+    next_eval: int  # the env steps at which the next evaluation is due
+
+
+class DriverCheckpoint(NamedTuple):
+    """The driver's own part of a checkpoint, so a resumed run counts, evaluates and averages as the
+    uninterrupted one would have."""
+
+    counters: RunCounters
+    pending_stats: list[NormMoments]  # normalizer moments collected but not merged by the learners yet
+    returns: list[float]  # the recent episodes' returns that train/* averages over
+    infos: dict[str, list[float]]  # the recent episodes' task metrics, by info key
+
+
+class LearnerState(NamedTuple):
+    """A learner's whole state (learner 0's goes into a checkpoint): the algorithm's networks,
+    targets, optimizers and normalizers, and the learner's own counts and random stream."""
+
+    algo: dict[str, Any]
+    weights_version: int
+    gradient_updates: int  # every update the algorithm made
+    noise_generator: Tensor | None  # the updates' random stream (`torch.Generator.get_state()`)
+    # checkpoints from before the learner had a generator of its own kept torch's global CPU one
+    global_cpu_generator: Tensor | None = None
+
+
+@dataclass(kw_only=True)
+class CheckpointParts:
+    """What a run saves beside its spec (`checkpoint.save_checkpoint` writes it, `load_checkpoint`
+    reads it back from any format). Every part is optional: a checkpoint for rollouts and exports
+    holds only the learner."""
+
+    learner: LearnerState | None = None
+    replay: dict[str, Any] = field(default_factory=dict)  # `ReplayBuffer.state()`; empty without one
+    runners: list[dict[str, Any]] = field(default_factory=list)  # each runner's `state()`, in order
+    driver: DriverCheckpoint | None = None  # None: not written by a training run (it cannot resume)
+    tracking: dict[str, str] = field(default_factory=dict)  # the run's id in each tracking backend, by name
+
+
+@dataclass(kw_only=True)
+class Checkpoint(CheckpointParts):
+    """A checkpoint as read back: its parts in today's form whatever format wrote them."""
+
+    folder: Path  # where it was read from (what messages name)
+    spec: dict[str, Any]  # the stored spec, unvalidated: validating imports the code it names
+    replay_rows: int | None = None  # the rows of the replay file written with it; None without one
+    written_format: int  # the format version of the file
 
 
 @dataclass

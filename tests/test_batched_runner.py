@@ -107,7 +107,7 @@ def test_a_resumed_batched_run_repeats_the_uninterrupted_one(tmp_path: Path) -> 
     (midway,) = [p for p in (tmp_path / "whole" / "checkpoints").glob("step_*") if "160" in p.name]
     resumed = Trainer(spec, run_dir=tmp_path / "resumed", resume=load_checkpoint(midway), live=False).run()
     assert whole["evals"][-1] == resumed["evals"][-1]
-    a, b = (load_checkpoint(run["checkpoint"])["learner"]["algo"] for run in (whole, resumed))
+    a, b = (load_checkpoint(run["checkpoint"]).learner.algo for run in (whole, resumed))
     flat_a = torch.cat([t.reshape(-1).float() for t in _tensors(a)])
     assert torch.equal(flat_a, torch.cat([t.reshape(-1).float() for t in _tensors(b)]))
 

@@ -38,11 +38,11 @@ def test_a_resumed_device_run_repeats_the_uninterrupted_one(tmp_path: Path) -> N
     whole = Trainer(spec, run_dir=tmp_path / "whole", live=False).run()
     (midway,) = (tmp_path / "whole" / "checkpoints").glob("step_*192*")
     saved = load_checkpoint(midway)
-    assert saved["runners"][0]["replay"] is not None  # the ring travels with the checkpoint (save_replay)
+    assert saved.runners[0]["replay"] is not None  # the ring travels with the checkpoint (save_replay)
     resumed = Trainer(spec, run_dir=tmp_path / "resumed", resume=saved, live=False).run()
     assert resumed["env_steps"] == whole["env_steps"] and resumed["evals"][-1] == whole["evals"][-1]
     finals = [load_checkpoint(run["checkpoint"]) for run in (whole, resumed)]
-    assert torch.equal(flat(finals[0]["learner"]), flat(finals[1]["learner"]))
+    assert torch.equal(flat(finals[0].learner), flat(finals[1].learner))
 
 
 def test_two_device_learners_train_a_run_on_ray(tmp_path: Path) -> None:
@@ -52,4 +52,4 @@ def test_two_device_learners_train_a_run_on_ray(tmp_path: Path) -> None:
     result = Trainer(spec, run_dir=tmp_path / "run", live=False).run()
     assert result["env_steps"] >= 384 and len(result["evals"]) == 2
     final = load_checkpoint(result["checkpoint"])
-    assert len(final["runners"]) == 2  # each learner process's envs and ring
+    assert len(final.runners) == 2  # each learner process's envs and ring

@@ -87,7 +87,7 @@ def test_a_full_disk_stops_the_run_cleanly_and_keeps_the_previous_checkpoint(sma
     assert not list(small_disk.glob("*/checkpoints/*.partial")), "the half-written checkpoint is left"
     kept = complete(small_disk)
     assert len(kept) == 2 and f"Last checkpoint: {kept[-1]}" in err
-    assert load_checkpoint(kept[-1])["counters"]["env_steps"] >= 300  # the newest, whole
+    assert load_checkpoint(kept[-1]).driver.counters.env_steps >= 300  # the newest, whole
     assert (kept[-1] / REPLAY_FILE).is_file() and not (kept[0] / REPLAY_FILE).exists()
 
 
@@ -100,13 +100,14 @@ def _pruned(disk: Path) -> bool:
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real pusher-reach checkpoint (a fresh learner's weights), off the small disk."""
+    from aa_ray.records import CheckpointParts, DriverCheckpoint, RunCounters
     from aa_ray.runtime.checkpoint import save_checkpoint
     from aa_ray.runtime.learner import Learner
     from aa_ray.spec.loader import load_spec
 
     spec = load_spec(SPECS / "sac.yaml", SMALL)
-    state = {"counters": {"env_steps": 0, "iterations": 0, "episodes": 0, "next_eval": 1000},
-             "learner": Learner(spec, 10, 2).state_dict(), "runners": []}
+    state = CheckpointParts(learner=Learner(spec, 10, 2).state_dict(),
+                            driver=DriverCheckpoint(RunCounters(0, 0, 0, next_eval=1000), [], [], {}))
     return save_checkpoint(tmp_path_factory.mktemp("ckpt") / "final", spec, state)
 
 

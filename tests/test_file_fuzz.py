@@ -21,7 +21,7 @@ from aa_ray.algos.registry import build_algorithm
 from aa_ray.data import dataset as ds
 from aa_ray.data.dataset import DatasetError, DatasetMeta, write_dataset
 from aa_ray.data.sources import read_dataset
-from aa_ray.records import Transitions
+from aa_ray.records import CheckpointParts, DriverCheckpoint, RunCounters, Transitions
 from aa_ray.runtime.checkpoint import (
     REPLAY_FILE,
     STATE_FILE,
@@ -44,7 +44,8 @@ FUZZ = settings(max_examples=60, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
-def checkpoint_state(spec=SPEC, obs_dim: int = OBS_DIM, act_dim: int = ACT_DIM, rows: int = 300) -> tuple[dict, object]:
+def checkpoint_state(spec=SPEC, obs_dim: int = OBS_DIM, act_dim: int = ACT_DIM,
+                     rows: int = 300) -> tuple[CheckpointParts, object]:
     """What a training run writes, made from the real pieces: learner, replay, runner, counters."""
     replay = ReplayBuffer(1000, obs_dim, act_dim, seed=0)
     rng = np.random.default_rng(0)
@@ -56,12 +57,12 @@ def checkpoint_state(spec=SPEC, obs_dim: int = OBS_DIM, act_dim: int = ACT_DIM, 
         terminated=np.zeros(rows, np.float32), truncated=np.zeros(rows, np.float32),
         discount=np.full(rows, 0.99, np.float32),
     ))
-    state = {
-        "counters": {"env_steps": rows, "iterations": 30, "episodes": 6, "next_eval": 1000},
-        "learner": Learner(spec, obs_dim, act_dim).state_dict(),
-        "replay": replay.state(),
-        "runners": [EnvRunner(spec, 0).state()] if obs_dim == OBS_DIM else [],
-    }
+    state = CheckpointParts(
+        driver=DriverCheckpoint(RunCounters(env_steps=rows, iterations=30, episodes=6, next_eval=1000), [], [], {}),
+        learner=Learner(spec, obs_dim, act_dim).state_dict(),
+        replay=replay.state(),
+        runners=[EnvRunner(spec, 0).state()] if obs_dim == OBS_DIM else [],
+    )
     return state, replay.to_table()
 
 

@@ -49,7 +49,7 @@ def test_inline_repeats_the_ray_backends_sync_run_exactly(tmp_path: Path) -> Non
     inline, ray = results["inline"], results["ray"]
     assert len(inline["evals"]) == 2 and inline["evals"] == ray["evals"]
     assert (inline["env_steps"], inline["replay_size"]) == (ray["env_steps"], ray["replay_size"])
-    learner = {backend: tensors(load_checkpoint(run["checkpoint"])["learner"]) for backend, run in results.items()}
+    learner = {backend: tensors(load_checkpoint(run["checkpoint"]).learner) for backend, run in results.items()}
     assert learner["inline"].keys() == learner["ray"].keys()
     differing = [path for path, t in learner["inline"].items() if not torch.equal(t, learner["ray"][path])]
     assert not differing, f"learner state differs between the backends at {differing}"
@@ -89,7 +89,7 @@ def test_an_inline_run_completes_where_ray_and_mlflow_cannot_be_imported(tmp_pat
     assert "inline run without ray and mlflow" in result.stdout
     assert "env_steps" in result.stderr and "done (budget)" in result.stderr  # the progress lines, as usual
     (final,) = tmp_path.glob("out/*/checkpoints/final")
-    assert load_checkpoint(final)["counters"]["env_steps"] >= 400
+    assert load_checkpoint(final).driver.counters.env_steps >= 400
 
 
 @pytest.mark.parametrize(

@@ -77,7 +77,7 @@ class Finished:
 
 def finished(stdout: str, output_dir: Path, tracking_uri: str | None = None) -> Finished:
     final = load_checkpoint(next(output_dir.glob("*/checkpoints/final")))
-    return Finished(metric_history(mlflow_run_id(stdout), tracking_uri), final["learner"]["algo"]["policy"])
+    return Finished(metric_history(mlflow_run_id(stdout), tracking_uri), final.learner.algo["policy"])
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +119,7 @@ def test_a_killed_and_resumed_run_repeats_the_uninterrupted_one_exactly(whole_ru
     os.killpg(killed.pid, signal.SIGKILL)
     killed.wait()
     last = written()[-1]
-    resumed_at = load_checkpoint(last)["counters"]["env_steps"]
+    resumed_at = load_checkpoint(last).driver.counters.env_steps
     assert 600 <= resumed_at < 900
 
     resumed = subprocess.run(aa_ray_command(*SETTINGS, "--set", "runtime.output_dir=killed", "--resume", str(last)),
@@ -151,7 +151,7 @@ def test_a_run_stopped_by_sigterm_checkpoints_and_resumes_where_it_stopped(whole
     [event] = [json.loads(line) for line in next(checkpoints.glob("*/events.jsonl")).read_text().splitlines()]
     assert event["event"] == "preempted" and event["signal"] == "SIGTERM"
     last = Path(event["checkpoint"])
-    resumed_at = load_checkpoint(last)["counters"]["env_steps"]
+    resumed_at = load_checkpoint(last).driver.counters.env_steps
     assert 300 <= resumed_at < 900 and last.name == f"step_{resumed_at:09d}"
     client = MlflowClient()
     [run] = client.search_runs([client.get_experiment_by_name("aa-ray").experiment_id])
@@ -196,12 +196,12 @@ def test_chaos_runner_then_replay_then_learner_killed_by_pid(tmp_path: Path) -> 
     wait_for(lambda: trainer.runner_restarts == 1, "the runner restart")
 
     checkpoint = trainer.last_checkpoint
-    checkpointed_rows.append(load_checkpoint(checkpoint)["replay_rows"])
+    checkpointed_rows.append(load_checkpoint(checkpoint).replay_rows)
     kill_actor_process("ReplayBuffer")
     wait_for(lambda: trainer.graph_restarts == 1, "the first graph restart")
 
     wait_for(lambda: trainer.last_checkpoint not in (None, checkpoint), "a checkpoint after the recovery")
-    checkpointed_rows.append(load_checkpoint(trainer.last_checkpoint)["replay_rows"])
+    checkpointed_rows.append(load_checkpoint(trainer.last_checkpoint).replay_rows)
     kill_actor_process("Learner")
     wait_for(lambda: trainer.graph_restarts == 2, "the second graph restart")
     thread.join(timeout=300)

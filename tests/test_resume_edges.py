@@ -91,7 +91,7 @@ def test_two_sigterms_stop_once_with_a_checkpoint(tmp_path: Path) -> None:
     assert run.returncode == 75, err[-3000:]
     [event] = [json.loads(line) for line in next(tmp_path.glob("runs/*/events.jsonl")).read_text().splitlines()]
     assert event["event"] == "preempted" and event["signal"] == "SIGTERM"
-    assert load_checkpoint(event["checkpoint"])["counters"]["env_steps"] > 0
+    assert load_checkpoint(event["checkpoint"]).driver.counters.env_steps > 0
 
 
 def test_ctrl_c_during_the_checkpoint_write_leaves_it_whole(tmp_path: Path) -> None:
@@ -110,7 +110,7 @@ def test_ctrl_c_during_the_checkpoint_write_leaves_it_whole(tmp_path: Path) -> N
     assert "Traceback" not in err
     assert not list(tmp_path.glob("runs/*/checkpoints/*.partial"))
     [checkpoint] = complete(tmp_path)
-    assert (checkpoint / REPLAY_FILE).is_file() and load_checkpoint(checkpoint)["counters"]["env_steps"] > 0
+    assert (checkpoint / REPLAY_FILE).is_file() and load_checkpoint(checkpoint).driver.counters.env_steps > 0
     assert f"last checkpoint: {checkpoint.relative_to(tmp_path)}" in err
 
 
@@ -151,7 +151,7 @@ def test_a_checkpoint_whose_replay_file_is_gone_resumes_only_when_asked(finished
     events = [json.loads(line) for line in (final.parent.parent / "events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events] == ["resumed_without_replay"]
     assert events[0]["checkpoint"] == str(final) and events[0]["replay_rows_left_out"] >= 600
-    assert load_checkpoint(final)["counters"]["env_steps"] >= 900
+    assert load_checkpoint(final).driver.counters.env_steps >= 900
 
 
 def test_resume_latest_after_the_algo_changed_starts_a_new_run(finished_run: Path, tmp_path: Path) -> None:

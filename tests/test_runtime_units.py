@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from aa_ray.records import Batch, NormMoments, PackedTransitions, Transitions
+from aa_ray.records import Batch, CheckpointParts, NormMoments, PackedTransitions, Transitions
 from aa_ray.runtime.checkpoint import (
     CheckpointError,
     check_compatible,
@@ -276,11 +276,11 @@ def test_checkpoint_round_trip_restores_parameters_and_optimizers(tmp_path: Path
     moments = NormMoments((5, np.ones(1), np.ones(1)), (5, 1.0, 2.0, 3.0))
     learner.update([moments], replay.sample(4 * spec.algo.utd_ratio, 8))
 
-    save_checkpoint(tmp_path / "ckpt", spec, {"learner": learner.state_dict()})
+    save_checkpoint(tmp_path / "ckpt", spec, CheckpointParts(learner=learner.state_dict()))
     payload = load_checkpoint(tmp_path / "ckpt")
     check_compatible(spec, payload)
     restored = Learner(spec, obs_dim=1, act_dim=1)
-    restored.load_state_dict(payload["learner"])
+    restored.load_state_dict(payload.learner)
 
     for name in ("policy", "critic", "critic_target", "reward_norm"):
         for (k, a), (_, b) in zip(
@@ -320,13 +320,13 @@ def test_a_stack_that_is_not_whole_fleet_steps_is_refused_not_cut() -> None:
 def test_newest_checkpoint_skips_one_a_crash_left_half_written(tmp_path: Path) -> None:
     spec = counting_spec(3)
     assert newest_checkpoint(tmp_path) is None
-    save_checkpoint(tmp_path / "step_000000300", spec, {})
+    save_checkpoint(tmp_path / "step_000000300", spec, CheckpointParts())
     # killed while writing the next one: its folder already holds a truncated state file
     (tmp_path / "step_000000600.partial").mkdir()
     (tmp_path / "step_000000600.partial" / "state.pt").write_bytes(b"PK\x03\x04 cut short")
     assert newest_checkpoint(tmp_path) == tmp_path / "step_000000300"
     load_checkpoint(newest_checkpoint(tmp_path))
-    save_checkpoint(tmp_path / "final", spec, {})
+    save_checkpoint(tmp_path / "final", spec, CheckpointParts())
     assert newest_checkpoint(tmp_path) == tmp_path / "final"
 
 
@@ -338,7 +338,7 @@ def test_corrupt_and_incompatible_checkpoints_are_explained(tmp_path: Path) -> N
         load_checkpoint(tmp_path / "bad")
     with pytest.raises(CheckpointError, match="not found"):
         load_checkpoint(tmp_path / "missing")
-    save_checkpoint(tmp_path / "ok", spec, {})
+    save_checkpoint(tmp_path / "ok", spec, CheckpointParts())
     other = counting_spec(3, **{"algo.critic_hidden_dims": "[32]"})
     with pytest.raises(CheckpointError, match=r"algo.critic_hidden_dims: checkpoint has \[16\], spec has \[32\]"):
         check_compatible(other, load_checkpoint(tmp_path / "ok"))

@@ -88,7 +88,7 @@ def test_two_gloo_learners_stay_identical_and_match_one_learner(local_ray: None,
     rank0, rank1 = ray.get([learner.parameters_vector.remote() for learner in ranks])
     reference = single.parameters_vector()
     if algo_file == "crossq.yaml":  # every batch-renormalization layer's running statistics, by name
-        states = [ray.get(learner.state_dict.remote())["algo"] for learner in ranks] + [single.state_dict()["algo"]]
+        states = [ray.get(learner.state_dict.remote()).algo for learner in ranks] + [single.state_dict().algo]
         stats = [{f"{net}.{key}": value for net in ("policy", "critic") for key, value in state[net].items()
                   if "running_" in key} for state in states]
         first = stats[0]["critic.net.0.running_mean"]
@@ -131,7 +131,7 @@ def test_checkpoints_move_between_one_and_two_learners(tmp_path: Path) -> None:
         result = Trainer(s, run_dir=tmp_path / "run", resume=payload, live=False).run()
         checkpoint = Path(result["checkpoint"])
         env_steps.append(result["env_steps"])
-        gradient_updates.append(load_checkpoint(checkpoint)["learner"]["gradient_updates"])
+        gradient_updates.append(load_checkpoint(checkpoint).learner.gradient_updates)
     assert [steps // 100 for steps in env_steps] == [6, 9, 12]  # each budget met (a chunk may overshoot)
     assert gradient_updates[0] < gradient_updates[1] < gradient_updates[2], gradient_updates  # each one trained on
 
@@ -219,7 +219,7 @@ def test_a_killed_learner_past_the_restart_limit_ends_the_run_naming_the_last_ch
     message = str(errors[0])
     assert "learner 0 died" in message and "max_learner_restarts=0" in message and "--resume" in message
     checkpoint = Path(message.split("--resume ")[1].split()[0])
-    assert load_checkpoint(checkpoint)["counters"]["env_steps"] >= 500  # usable: it loads
+    assert load_checkpoint(checkpoint).driver.counters.env_steps >= 500  # usable: it loads
 
 
 def test_more_cpus_than_the_cluster_has_fails_fast_naming_cpu(local_ray: None) -> None:

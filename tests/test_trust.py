@@ -23,6 +23,7 @@ from aa_ray.api import load_policy
 from aa_ray.data.dataset import DatasetError
 from aa_ray.data.sources import read_dataset
 from aa_ray.envs.make import EnvSetupError
+from aa_ray.records import CheckpointParts, DriverCheckpoint, RunCounters
 from aa_ray.runtime.checkpoint import STATE_FILE, CheckpointError, load_checkpoint, save_checkpoint
 from aa_ray.spec.loader import load_spec, spec_to_dict
 from aa_ray.spec.trust import UntrustedCodeError, named_code
@@ -48,8 +49,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real checkpoint of pusher-reach: a learner's weights, no replay (eval and export need none)."""
     from aa_ray.runtime.learner import Learner
 
-    state = {"counters": {"env_steps": 0, "iterations": 0, "episodes": 0, "next_eval": 1000},
-             "learner": Learner(SPEC, 10, 2).state_dict(), "runners": []}
+    state = CheckpointParts(learner=Learner(SPEC, 10, 2).state_dict(),
+                            driver=DriverCheckpoint(RunCounters(0, 0, 0, next_eval=1000), [], [], {}))
     return save_checkpoint(tmp_path_factory.mktemp("ckpt") / "final", SPEC, state)
 
 

@@ -171,7 +171,7 @@ def test_pipeline_ppo_rollout_rlpd_then_reuse(tmp_path: Path, capsys: pytest.Cap
     assert dataset.num_rows == 6 * 50  # six whole episodes of the 50-step task
     assert Path(dataset.meta.producer).parent.parent.name.startswith("ppo-")  # made by the PPO stage's policy
     (rlpd_checkpoint,) = root.glob("rlpd-*/checkpoints/final")
-    assert load_checkpoint(rlpd_checkpoint)["spec"]["algo"]["prior_data"] == str(dataset_file)
+    assert load_checkpoint(rlpd_checkpoint).spec["algo"]["prior_data"] == str(dataset_file)
 
     write(pipeline_file, pipeline_document(rlpd_seed=1))
     assert cli.main(["pipeline", str(pipeline_file)]) == 0

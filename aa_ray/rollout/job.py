@@ -52,13 +52,13 @@ def policy_from_checkpoint(spec: ExperimentSpec, checkpoint: str | Path,
     from aa_ray.runtime.checkpoint import CheckpointError, checkpoint_policy, load_checkpoint
 
     payload = load_checkpoint(checkpoint)
-    if isinstance(payload.get("spec"), dict):  # what the user's own spec names is theirs to run
-        refuse_untrusted_code(payload["spec"], f"checkpoint {payload['folder']}", trust_code,
-                              named_by_user=named_code(spec_to_dict(spec)))
+    # what the user's own spec names is theirs to run
+    refuse_untrusted_code(payload.spec, f"checkpoint {payload.folder}", trust_code,
+                          named_by_user=named_code(spec_to_dict(spec)))
     trained, state = checkpoint_policy(payload, trust_code=True)
     if trained.env.id != spec.env.id:
         raise RolloutError(
-            f"checkpoint {payload['folder']} was trained on env {trained.env.id!r}, the spec's env is "
+            f"checkpoint {payload.folder} was trained on env {trained.env.id!r}, the spec's env is "
             f"{spec.env.id!r}; roll it out with the spec stored beside it (spec.yaml)."
         )
     obs, act_dim = env_dims(spec)
@@ -66,11 +66,11 @@ def policy_from_checkpoint(spec: ExperimentSpec, checkpoint: str | Path,
         build_policy(trained.algo, obs, act_dim).load_state_dict(state)
     except RuntimeError as err:
         raise CheckpointError(
-            f"checkpoint {payload['folder']}: its policy does not fit env {spec.env.id} "
+            f"checkpoint {payload.folder}: its policy does not fit env {spec.env.id} "
             f"(obs_dim {obs.full}, act_dim {act_dim}): {str(err).splitlines()[0]}"
         ) from None
     # validated as a whole: the checkpoint's algo must fit the rest of the spec (e.g. its runtime.mode)
-    source = f"{spec.name} with the algo of checkpoint {payload['folder']}"
+    source = f"{spec.name} with the algo of checkpoint {payload.folder}"
     return validate_spec({**spec_to_dict(spec), "algo": spec_to_dict(trained)["algo"]}, source=source), state
 
 

@@ -7,11 +7,19 @@ every earlier one) as it was (between the two renames of a replaced folder, unde
 `<name>.previous/`). `state.pt` records how many replay rows belong with it, and a
 resume checks the pair before any actor starts.
 
-Format 2 adds the env runners' full state (envs, episode accumulators) and the driver's pending
-normalizer statistics, which a bit-exact resume needs; format-1 checkpoints still load (their
-runners restart their envs). Format 3 is format 2 with the knob names of the redesign (one scheme
-across algorithms); the stored spec of an older checkpoint is renamed on load
-(`aa_ray.algos.migrate_old_knobs`), its learner state needs no change."""
+In memory a checkpoint is a `records.Checkpoint` (learner, replay, runners, driver, tracking, the
+stored spec). `save_checkpoint` is the one writer of the file and `_todays_checkpoint` the one
+reader of every older format:
+- format 1: no env runner state (the runners restart their envs), no pending normalizer moments
+  or recent episodes (the averages start over), the runners' random streams under `runner_rng`;
+- format 2 adds those, which a bit-exact resume needs;
+- format 3: the knob names of the redesign (one scheme across algorithms); an older stored spec is
+  renamed on load (`aa_ray.algos.migrate_old_knobs`);
+- format 4: the run's id in each tracking backend (`tracking`), where format 3 kept its MLflow run
+  id alone (`mlflow_run_id`).
+Within the learner's state, the update count was `critic_updates` before the algorithm families,
+and the updates drew from torch's global CPU generator (`torch_rng`) before the learner had a
+generator of its own."""
 
 from __future__ import annotations
 
@@ -26,12 +34,14 @@ import torch
 from aa_ray.algos.registry import ALGORITHMS, migrate_old_knobs
 from aa_ray.data.value_checks import first_bad_value
 from aa_ray.errors import SpecError, write_failure
+from aa_ray.records import Checkpoint, CheckpointParts, DriverCheckpoint, LearnerState, NormMoments, RunCounters
+from aa_ray.runtime.env_state import pack, unpack
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import flatten, spec_to_dict, spec_yaml, validate_spec
 from aa_ray.spec.trust import refuse_untrusted_code
 
-FORMAT_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+FORMAT_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 STATE_FILE, SPEC_FILE, REPLAY_FILE = "state.pt", "spec.yaml", "replay.parquet"
 # Inside an MLflow model folder a run logs (`tracking.models`): its policy as a checkpoint (weights
 # and spec), which `load_policy` reads with weights_only=True. MLflow's own flavors beside it run
@@ -41,7 +51,6 @@ MODEL_POLICY_FOLDER = Path("data") / "aa_ray_policy"
 # Sections that define what the networks and their data mean. A resumed run may change the
 # budget, eval cadence, fleet size or tracking, but not these.
 _MUST_MATCH = ("env", "algo")
-_COUNTERS = ("env_steps", "iterations", "episodes", "next_eval")
 _PARTIAL = ".partial"
 
 
@@ -54,18 +63,16 @@ class CheckpointWriteError(RuntimeError):
     folder is gone and the checkpoints written before it are as they were."""
 
 
-def save_checkpoint(folder: Path, spec: ExperimentSpec, state: dict[str, Any], replay: pa.Table | None = None) -> Path:
-    """Write `folder` atomically (see the module docstring): state, spec and the replay table.
+def save_checkpoint(folder: Path, spec: ExperimentSpec, parts: CheckpointParts, replay: pa.Table | None = None) -> Path:
+    """Write `folder` atomically (see the module docstring): the parts, the spec and the replay table.
     CheckpointWriteError, saying what filled up and where, if the files cannot be written."""
     partial = folder.with_name(folder.name + _PARTIAL)
     shutil.rmtree(partial, ignore_errors=True)  # left by a crash during an earlier write
-    payload = {"format_version": FORMAT_VERSION, "spec": spec_to_dict(spec), **state}
     try:
         partial.mkdir(parents=True)
         if replay is not None:
             pq.write_table(replay, partial / REPLAY_FILE)
-            payload["replay_rows"] = replay.num_rows
-        torch.save(payload, partial / STATE_FILE)
+        torch.save(_file_contents(spec, parts, replay.num_rows if replay is not None else None), partial / STATE_FILE)
         (partial / SPEC_FILE).write_text(spec_yaml(spec))
     except (OSError, RuntimeError) as err:  # torch.save reports a full disk as a RuntimeError
         problem = _write_failure(folder, err)  # before the partial files go: they are what filled the disk
@@ -80,6 +87,34 @@ def save_checkpoint(folder: Path, spec: ExperimentSpec, state: dict[str, Any], r
     else:
         partial.rename(folder)
     return folder
+
+
+def policy_only(policy: dict[str, torch.Tensor]) -> CheckpointParts:
+    """A checkpoint's parts that hold an acting policy and nothing else (what an MLflow model keeps:
+    `load_policy` reads it, a resume refuses it)."""
+    return CheckpointParts(learner=LearnerState(algo={"policy": policy}, weights_version=0, gradient_updates=0,
+                                                noise_generator=None))
+
+
+def _file_contents(spec: ExperimentSpec, parts: CheckpointParts, replay_rows: int | None) -> dict[str, Any]:
+    """The state file's contents: plain dicts, lists, numbers, strings and tensors only, which
+    `torch.load(weights_only=True)` reads without running any code."""
+    contents: dict[str, Any] = {
+        "format_version": FORMAT_VERSION, "spec": spec_to_dict(spec),
+        "replay": dict(parts.replay), "runners": list(parts.runners), "tracking": dict(parts.tracking),
+    }
+    if parts.learner is not None:
+        contents["learner"] = {key: value for key, value in parts.learner._asdict().items() if value is not None}
+    if parts.driver is not None:
+        contents["counters"] = parts.driver.counters._asdict()
+        contents["driver"] = pack({
+            "pending_stats": [moments.to_dict() for moments in parts.driver.pending_stats],
+            "returns": list(parts.driver.returns),
+            "infos": {key: list(values) for key, values in parts.driver.infos.items()},
+        })
+    if replay_rows is not None:
+        contents["replay_rows"] = replay_rows
+    return contents
 
 
 def _write_failure(folder: Path, err: Exception) -> str:
@@ -103,7 +138,7 @@ def complete_steps(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("step_*") if not p.name.endswith(_PARTIAL) and (p / STATE_FILE).is_file())
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
+def load_checkpoint(path: str | Path) -> Checkpoint:
     """Read a checkpoint folder (or its state.pt). Raises CheckpointError with a clear message."""
     path = Path(path)
     state_file = path / STATE_FILE if path.is_dir() else path
@@ -128,23 +163,79 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"checkpoint file {state_file} has format version {payload['format_version']!r}, "
             f"this aa-ray reads versions {', '.join(map(str, READABLE_VERSIONS))}; use the aa-ray that wrote it."
         )
-    _todays_algo_section(payload)
-    _todays_env_section(payload)
-    payload["folder"] = state_file.parent
-    return payload
+    try:
+        return _todays_checkpoint(payload, state_file.parent)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:
+        what = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+        raise CheckpointError(
+            f"checkpoint file {state_file} is damaged or was not written by aa-ray (format "
+            f"{payload['format_version']}: {what}); use another checkpoint of the run."
+        ) from None
 
 
-def _todays_algo_section(payload: dict[str, Any]) -> None:
+def _todays_checkpoint(saved: dict[str, Any], folder: Path) -> Checkpoint:
+    """A state file of any readable format as today's `Checkpoint` (the module docstring lists what
+    each format changed): the one place older formats are read."""
+    version = saved["format_version"]
+    spec = saved.get("spec")
+    if isinstance(spec, dict):
+        _todays_algo_section(spec, version)
+        _todays_env_section(spec)
+    # format 1 kept only the runners' random streams
+    runners = saved.get("runners") or [{"numpy_rng": r["numpy"], "torch_rng": r["torch"]}
+                                       for r in saved.get("runner_rng", [])]
+    tracking = saved.get("tracking")
+    if tracking is None:  # formats 1 to 3: the MLflow run alone
+        tracking = {"mlflow": saved["mlflow_run_id"]} if saved.get("mlflow_run_id") else {}
+    rows = saved.get("replay_rows")
+    return Checkpoint(
+        folder=folder, spec=spec if isinstance(spec, dict) else {}, written_format=version,
+        learner=_todays_learner_state(saved.get("learner")), replay=dict(saved.get("replay") or {}),
+        runners=list(runners), driver=_todays_driver_part(saved),
+        tracking={str(backend): str(run) for backend, run in tracking.items()},
+        replay_rows=rows if isinstance(rows, int) else None,
+    )
+
+
+def _todays_learner_state(saved: dict[str, Any] | None) -> LearnerState | None:
+    if saved is None:  # a checkpoint made for rollouts or tests may hold no learner
+        return None
+    return LearnerState(
+        # a policy-only checkpoint (`policy_only`; an MLflow model's, written with the algo part alone
+        # before that) holds no counts
+        algo=saved["algo"], weights_version=int(saved.get("weights_version", 0)),
+        gradient_updates=int(saved.get("gradient_updates", saved.get("critic_updates", 0))),
+        noise_generator=saved.get("noise_generator"),
+        global_cpu_generator=saved.get("global_cpu_generator", saved.get("torch_rng")),
+    )
+
+
+def _todays_driver_part(saved: dict[str, Any]) -> DriverCheckpoint | None:
+    """The driver's part; None when the file holds no run counters (not written by a training run).
+    Format 1 kept the counters only: no pending moments, and the averages start over."""
+    counters = saved.get("counters")
+    if not (isinstance(counters, dict) and all(isinstance(counters.get(key), int) for key in RunCounters._fields)):
+        return None
+    driver = unpack(saved["driver"]) if "driver" in saved else {}
+    return DriverCheckpoint(
+        counters=RunCounters(**{key: counters[key] for key in RunCounters._fields}),
+        pending_stats=[NormMoments.from_dict(moments) for moments in driver.get("pending_stats", [])],
+        returns=[float(value) for value in driver.get("returns", [])],
+        # (a checkpoint from before task metrics kept one of them under its own name: its average starts over)
+        infos={key: [float(value) for value in values] for key, values in driver.get("infos", {}).items()},
+    )
+
+
+def _todays_algo_section(stored: dict[str, Any], version: int) -> None:
     """The stored algo section in today's knob names (a checkpoint from before the knob redesign,
     format < 3), with today's defaults for knobs added since it was written (e.g. `sym_aug`), so it
     compares equal to a spec that means the same run. A section that does not validate is left for
     the resume checks to name."""
-    stored = payload.get("spec")
-    algo = stored.get("algo") if isinstance(stored, dict) else None
+    algo = stored.get("algo")
     if not isinstance(algo, dict) or algo.get("name") not in ALGORITHMS:
         return
     try:
-        renamed = migrate_old_knobs(algo) if payload["format_version"] < 3 else algo
+        renamed = migrate_old_knobs(algo) if version < 3 else algo
     except (TypeError, ValueError, ZeroDivisionError):  # a damaged section: the resume checks name it
         return
     try:
@@ -157,42 +248,36 @@ def _todays_algo_section(payload: dict[str, Any]) -> None:
 ENV_FIELDS_ADDED = {"entry_point": None, "imports": [], "py_modules": [], "mirror": None}
 
 
-def _todays_env_section(payload: dict[str, Any]) -> None:
+def _todays_env_section(stored: dict[str, Any]) -> None:
     """The stored env section with the fields added since it was written, so it compares equal to
     a spec that means the same env."""
-    stored = payload.get("spec")
-    env = stored.get("env") if isinstance(stored, dict) else None
+    env = stored.get("env")
     if isinstance(env, dict):
         for key, value in ENV_FIELDS_ADDED.items():
             env.setdefault(key, value)
 
 
-def checkpoint_spec(payload: dict[str, Any], *, trust_code: bool) -> ExperimentSpec:
+def checkpoint_spec(checkpoint: Checkpoint, *, trust_code: bool) -> ExperimentSpec:
     """The spec stored in a checkpoint, validated. Validating imports the code it names, so a spec
     that names any is refused first (`spec.trust.UntrustedCodeError`) unless `trust_code`: the
     caller says whether the checkpoint is the user's own (a run reading its own checkpoints) or a
     file the user merely passed."""
-    stored = payload.get("spec")
-    if isinstance(stored, dict):
-        refuse_untrusted_code(stored, f"checkpoint {payload['folder']}", trust_code, instead=(
-            "A policy can also be loaded with your own env: load_policy(checkpoint, env_creator=...)."))
+    refuse_untrusted_code(checkpoint.spec, f"checkpoint {checkpoint.folder}", trust_code, instead=(
+        "A policy can also be loaded with your own env: load_policy(checkpoint, env_creator=...)."))
     try:
-        return validate_spec(payload["spec"], source=f"stored in checkpoint {payload['folder']}")
+        return validate_spec(checkpoint.spec, source=f"stored in checkpoint {checkpoint.folder}")
     except SpecError as err:
         raise CheckpointError(str(err)) from None
 
 
-def checkpoint_policy(payload: dict[str, Any], *, trust_code: bool) -> tuple[ExperimentSpec, dict[str, torch.Tensor]]:
+def checkpoint_policy(checkpoint: Checkpoint, *, trust_code: bool) -> tuple[ExperimentSpec, dict[str, torch.Tensor]]:
     """The spec a checkpoint was trained with and its acting policy's weights (CheckpointError if
     it holds none; UntrustedCodeError as `checkpoint_spec`)."""
-    trained = checkpoint_spec(payload, trust_code=trust_code)
-    try:
-        state = payload["learner"]["algo"]["policy"]
-    except (KeyError, TypeError):
-        state = None
+    trained = checkpoint_spec(checkpoint, trust_code=trust_code)
+    state = checkpoint.learner.algo.get("policy") if checkpoint.learner is not None else None
     if not isinstance(state, dict):
-        raise CheckpointError(f"checkpoint {payload['folder']} holds no policy weights.")
-    _refuse_non_finite_weights(payload["folder"], state)
+        raise CheckpointError(f"checkpoint {checkpoint.folder} holds no policy weights.")
+    _refuse_non_finite_weights(checkpoint.folder, state)
     return trained, state
 
 
@@ -213,12 +298,12 @@ def _refuse_non_finite_weights(folder: Path, state: dict[str, Any]) -> None:
         )
 
 
-def env_algo_differences(spec: ExperimentSpec, payload: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+def env_algo_differences(spec: ExperimentSpec, checkpoint: Checkpoint) -> dict[str, tuple[Any, Any]]:
     """The env and algo fields whose values differ between a checkpoint and a spec: dotted key ->
     (the checkpoint's value, the spec's). CheckpointError if the checkpoint holds no readable spec."""
-    stored = payload.get("spec")
-    if not (isinstance(stored, dict) and all(isinstance(stored.get(k), dict) for k in _MUST_MATCH)):
-        raise CheckpointError(f"checkpoint {payload['folder']} holds no readable spec; it cannot be resumed.")
+    stored = checkpoint.spec
+    if not all(isinstance(stored.get(k), dict) for k in _MUST_MATCH):
+        raise CheckpointError(f"checkpoint {checkpoint.folder} holds no readable spec; it cannot be resumed.")
     saved = flatten({k: stored[k] for k in _MUST_MATCH})
     wanted = flatten({k: spec_to_dict(spec)[k] for k in _MUST_MATCH})
     return {key: (saved.get(key), wanted.get(key)) for key in sorted(set(saved) | set(wanted))
@@ -235,13 +320,13 @@ def _is_default(spec: ExperimentSpec, key: str, value: Any) -> bool:
     return value == field.get_default(call_default_factory=True)
 
 
-def check_compatible(spec: ExperimentSpec, payload: dict[str, Any]) -> None:
+def check_compatible(spec: ExperimentSpec, checkpoint: Checkpoint) -> None:
     """Refuse to resume a checkpoint into a spec whose env or algorithm differ."""
     diffs = [f"{key}: checkpoint has {saved!r}, spec has {wanted!r}"
-             for key, (saved, wanted) in env_algo_differences(spec, payload).items()]
+             for key, (saved, wanted) in env_algo_differences(spec, checkpoint).items()]
     if diffs:
         raise CheckpointError(
-            f"checkpoint {payload['folder']} was made with a different env/algo than this spec:\n  "
+            f"checkpoint {checkpoint.folder} was made with a different env/algo than this spec:\n  "
             + "\n  ".join(diffs)
             + "\nResume with the spec stored beside the checkpoint (spec.yaml), or start a new run."
         )
@@ -251,27 +336,20 @@ def check_compatible(spec: ExperimentSpec, payload: dict[str, Any]) -> None:
 WITHOUT_REPLAY = "--resume-without-replay (Python: fit(..., resume_without_replay=True))"
 
 
-def saved_replay_rows(payload: dict[str, Any]) -> int | None:
-    """The rows of the replay file written with this checkpoint; None if it was written without one
-    (checkpoint.save_replay: false, an on-policy run, a format-1 checkpoint that did not say)."""
-    rows = payload.get("replay_rows")
-    return rows if isinstance(rows, int) else None
-
-
-def read_replay(payload: dict[str, Any], obs_dim: int, act_dim: int, without_replay: bool = False) -> pa.Table | None:
+def read_replay(checkpoint: Checkpoint, obs_dim: int, act_dim: int, without_replay: bool = False) -> pa.Table | None:
     """The checkpoint's replay table, checked against the state beside it and the env's dims; None
     when the checkpoint kept no replay or `without_replay` (the user chose an empty buffer).
     CheckpointError naming the file otherwise, also when a replay file written with the checkpoint
     is gone: a resume must not quietly start from an empty buffer."""
-    file = Path(payload["folder"]) / REPLAY_FILE
+    file = checkpoint.folder / REPLAY_FILE
     if without_replay:
         return None
     if not file.is_file():
-        rows = saved_replay_rows(payload)
+        rows = checkpoint.replay_rows  # None: written without one (checkpoint.save_replay: false, on-policy)
         if rows is None:
             return None
         raise CheckpointError(
-            f"replay file {file} is missing: checkpoint {payload['folder']} was written with one ({rows:,} rows), "
+            f"replay file {file} is missing: checkpoint {checkpoint.folder} was written with one ({rows:,} rows), "
             "and a run resumed without it starts from an empty buffer (it would not continue as the stopped run "
             "would have). Put the file back, resume from the run's newest checkpoint (checkpoint.keep_last keeps "
             f"the replay file only there), or resume with an empty buffer that refills: {WITHOUT_REPLAY}."
@@ -284,7 +362,8 @@ def read_replay(payload: dict[str, Any], obs_dim: int, act_dim: int, without_rep
             f"checkpoint, or resume with an empty buffer that refills: {WITHOUT_REPLAY}."
         ) from None
     dims = (table.schema.metadata or {}).get(b"aa_ray.replay", b"").decode()
-    expected_rows = payload.get("replay_rows", payload.get("replay", {}).get("size"))
+    # a format-1 checkpoint did not say how many rows it wrote; its replay state did
+    expected_rows = checkpoint.replay_rows if checkpoint.replay_rows is not None else checkpoint.replay.get("size")
     problem = None
     if dims != f"{obs_dim},{act_dim}":
         problem = f"it holds obs/action dims {dims or 'unknown'}, the env has {obs_dim},{act_dim}"
@@ -302,29 +381,30 @@ def read_replay(payload: dict[str, Any], obs_dim: int, act_dim: int, without_rep
     return table
 
 
-def verify_resume(payload: dict[str, Any], spec: ExperimentSpec, algorithm: Any, obs_dim: int, act_dim: int,
+def verify_resume(checkpoint: Checkpoint, spec: ExperimentSpec, algorithm: Any, obs_dim: int, act_dim: int,
                   without_replay: bool = False) -> Any:
     """Everything a resume checks before any actor starts: the checkpoint's env and algo match the
     spec, its learner state fits `algorithm` (a freshly built one), and its replay file belongs to
     it (not read with `without_replay`). Returns the replay table (None if it has none or is not
     read). CheckpointError naming the file otherwise."""
-    counters = payload.get("counters")
-    if not (isinstance(counters, dict) and all(isinstance(counters.get(key), int) for key in _COUNTERS)):
+    if checkpoint.driver is None:
         raise CheckpointError(
-            f"checkpoint {payload['folder']} holds no run counters ({', '.join(_COUNTERS)}), so it was not written by "
-            "a training run and cannot be resumed; roll it out instead (aa-ray rollout --checkpoint)."
+            f"checkpoint {checkpoint.folder} holds no run counters ({', '.join(RunCounters._fields)}), so it was not "
+            "written by a training run and cannot be resumed; roll it out instead (aa-ray rollout --checkpoint)."
         )
-    check_compatible(spec, payload)
-    check_learner_state(payload, algorithm)
-    return read_replay(payload, obs_dim, act_dim, without_replay) if spec.algo.replay_actor else None
+    check_compatible(spec, checkpoint)
+    check_learner_state(checkpoint, algorithm)
+    return read_replay(checkpoint, obs_dim, act_dim, without_replay) if spec.algo.replay_actor else None
 
 
-def check_learner_state(payload: dict[str, Any], algorithm: Any) -> None:
+def check_learner_state(checkpoint: Checkpoint, algorithm: Any) -> None:
     """Load the checkpoint's learner state into a freshly built `algorithm` (on the driver, before
     any actor starts): a file whose tensors or keys do not fit the spec is named here."""
-    state_file = Path(payload["folder"]) / STATE_FILE
+    state_file = checkpoint.folder / STATE_FILE
+    if checkpoint.learner is None:
+        raise CheckpointError(f"checkpoint file {state_file} lacks learner state; it cannot be resumed.")
     try:
-        algorithm.load_state_dict(payload["learner"]["algo"])
+        algorithm.load_state_dict(checkpoint.learner.algo)
     except (KeyError, TypeError) as err:
         raise CheckpointError(
             f"checkpoint file {state_file} lacks learner state ({err!r}); it cannot be resumed."

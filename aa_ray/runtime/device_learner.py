@@ -36,7 +36,7 @@ from aa_ray.envs.batched import BatchedEnv
 from aa_ray.envs.make import make_batched_env
 from aa_ray.errors import SpecError
 from aa_ray.nets.policy import to_bounds
-from aa_ray.records import ChunkStats, DeviceSample, LearnerReport, NormMoments, ObsDims
+from aa_ray.records import ChunkStats, DeviceSample, LearnerReport, LearnerState, NormMoments, ObsDims
 from aa_ray.runtime.device_replay import DeviceReplay
 from aa_ray.runtime.learner import Learner
 from aa_ray.runtime.tensor_steps import (
@@ -188,10 +188,10 @@ class DeviceLearner:
     def policy_state(self) -> tuple[dict[str, Tensor], int]:
         return self.learner.policy_state()
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> LearnerState:
         return self.learner.state_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: LearnerState) -> None:
         self.learner.load_state_dict(state)
         self.policy_version = -1  # the acting module takes the loaded weights before it acts again
 

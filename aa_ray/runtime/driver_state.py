@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
-from aa_ray.records import NormMoments
+from aa_ray.records import DriverCheckpoint, NormMoments, RunCounters
 from aa_ray.runtime.cadence import Cadence
 from aa_ray.runtime.counters import RECENT_EPISODES, Counters, Window
-from aa_ray.runtime.env_state import pack, unpack
 from aa_ray.spec.experiment import ExperimentSpec
 
 
@@ -29,35 +27,24 @@ class DriverState:
         return cls(Counters(), Cadence(spec, reports=reports))
 
     @classmethod
-    def from_checkpoint(
-        cls, spec: ExperimentSpec, reports: bool, payload: dict[str, Any],
-    ) -> tuple[DriverState, list[NormMoments]]:
-        """The state a checkpoint saved, and the runners' normalizer moments the learners had not merged
-        yet (which belong to the actor graph)."""
-        saved = payload["counters"]
+    def from_checkpoint(cls, spec: ExperimentSpec, reports: bool, saved: DriverCheckpoint) -> DriverState:
+        """The state a checkpoint saved (its pending normalizer moments belong to the actor graph)."""
+        counters = saved.counters
         state = cls(
-            Counters(env_steps=saved["env_steps"], iterations=saved["iterations"], episodes=saved["episodes"]),
-            Cadence(spec, reports, env_steps=saved["env_steps"], next_eval=saved["next_eval"]),
+            Counters(env_steps=counters.env_steps, iterations=counters.iterations, episodes=counters.episodes),
+            Cadence(spec, reports, env_steps=counters.env_steps, next_eval=counters.next_eval),
         )
-        if "driver" not in payload:  # format 1: no pending moments, the averages start over
-            return state, []
-        driver = unpack(payload["driver"])
-        state.window.returns.extend(driver["returns"])
-        # (a checkpoint from before task metrics kept one of them under its own name: its train/* average
-        # starts over)
-        for key, values in driver.get("infos", {}).items():
+        state.window.returns.extend(saved.returns)
+        for key, values in saved.infos.items():
             state.window.infos[key] = deque(values, maxlen=RECENT_EPISODES)
-        return state, [NormMoments.from_dict(moments) for moments in driver["pending_stats"]]
+        return state
 
-    def checkpoint_fields(self, pending_stats: list[NormMoments]) -> dict[str, Any]:
-        """The checkpoint's `counters` and `driver` entries (`pending_stats`: the actor graph's)."""
+    def checkpoint_part(self, pending_stats: list[NormMoments]) -> DriverCheckpoint:
+        """The checkpoint's driver part (`pending_stats`: the actor graph's)."""
         c, w = self.counters, self.window
-        return {
-            "counters": {"env_steps": c.env_steps, "iterations": c.iterations, "episodes": c.episodes,
-                         "next_eval": self.cadence.next_eval},
-            # normalizer moments collected but not merged yet, and the episodes train/* averages over
-            "driver": pack({
-                "pending_stats": [moments.to_dict() for moments in pending_stats],
-                "returns": list(w.returns), "infos": {key: list(values) for key, values in w.infos.items()},
-            }),
-        }
+        return DriverCheckpoint(
+            counters=RunCounters(env_steps=c.env_steps, iterations=c.iterations, episodes=c.episodes,
+                                 next_eval=self.cadence.next_eval),
+            pending_stats=list(pending_stats), returns=list(w.returns),
+            infos={key: list(values) for key, values in w.infos.items()},
+        )

@@ -38,7 +38,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from aa_ray.records import ChunkStats, LearnerReport, NormMoments, ObsDims, return_moments
+from aa_ray.records import (
+    Checkpoint,
+    ChunkStats,
+    LearnerReport,
+    LearnerState,
+    NormMoments,
+    ObsDims,
+    PriorData,
+    return_moments,
+)
 from aa_ray.runtime.checkpoint import REPLAY_FILE
 from aa_ray.runtime.cluster import NodeLoss, RayActors
 from aa_ray.runtime.device_learner import DeviceLearner
@@ -49,6 +58,15 @@ from aa_ray.runtime.remote import ActorLost, LearnerFailed, TrainingError, get_r
 from aa_ray.runtime.replay import ReplayBuffer
 from aa_ray.runtime.runners import runner_class
 from aa_ray.spec.experiment import ExperimentSpec
+
+
+class ActorsSnapshot(NamedTuple):
+    """The actors' part of a checkpoint."""
+
+    learner: LearnerState  # learner 0's (every learner holds the same)
+    replay: dict[str, Any]  # the replay buffer's state; empty without one
+    runners: list[dict[str, Any]]  # every runner's state (runtime.mode device: every learner's envs and ring)
+    replay_table: Any  # the replay buffer's rows (a pyarrow Table), when asked for and there is a buffer
 
 
 class RunnerRestart(NamedTuple):
@@ -83,7 +101,7 @@ class ActorGraph:
         self.learners: list[Any] = []
         self.runners: list[Any] = []
         self.replay: Any | None = None  # on-policy algorithms learn from fresh rollouts only
-        self.prior_info: dict[str, Any] | None = None  # what the replay actor loaded from algo.prior_data
+        self.prior_info: PriorData | None = None  # what the replay actor loaded from algo.prior_data
         self.weights: tuple[Any, Any] | None = None  # refs of the newest published (policy state, version)
         self.pending_stats: list[NormMoments] = []  # runners' normalizer moments the learners have not merged yet
         self.replay_size = 0
@@ -233,15 +251,14 @@ class ActorGraph:
         return named + [(f"env runner {index}", runner) for index, runner in enumerate(self.runners)]
 
     # ---- checkpoints -----------------------------------------------------------------------------
-    def snapshot(self, with_replay_table: bool) -> dict[str, Any]:
+    def snapshot(self, with_replay_table: bool) -> ActorsSnapshot:
         """The actors' part of a checkpoint: learner 0's state, the replay buffer's state (and its
         rows as a table, if asked), every runner's state."""
         learner_ref = self.learners[0].state_dict.remote()
         if self.spec.runtime.mode == "device":  # each learner's envs and replay ring are its "runner"
             with_ring = self.spec.checkpoint.save_replay
             runner_refs = [learner.runner_state.remote(with_ring) for learner in self.learners]
-            return {"learner": get_results(learner_ref), "replay": {}, "replay_table": None,
-                    "runners": get_results(runner_refs)}
+            return ActorsSnapshot(get_results(learner_ref), {}, get_results(runner_refs), None)
         replay_refs = []
         if self.replay is not None:
             replay_refs = [self.replay.state.remote()]
@@ -249,20 +266,16 @@ class ActorGraph:
                 replay_refs.append(self.replay.to_table.remote())
         runner_refs = [runner.state.remote() for runner in self.runners]
         replay_state, replay_table = (get_results(replay_refs) + [None, None])[:2]
-        return {
-            "learner": get_results(learner_ref), "replay": replay_state or {},
-            "replay_table": replay_table, "runners": get_results(runner_refs),
-        }
+        return ActorsSnapshot(get_results(learner_ref), replay_state or {}, get_results(runner_refs), replay_table)
 
-    def restore(self, payload: dict[str, Any], replay_table: Any) -> None:
-        """Load a checkpoint's learner, replay and runner state into the actors (formats 1 to 3)."""
-        calls = [learner.load_state_dict.remote(payload["learner"]) for learner in self.learners]
+    def restore(self, checkpoint: Checkpoint, replay_table: Any) -> None:
+        """Load a checkpoint's learner, replay and runner state into the actors."""
+        calls = [learner.load_state_dict.remote(checkpoint.learner) for learner in self.learners]
         if self.replay is not None and replay_table is not None:
-            source = str(Path(payload["folder"]) / REPLAY_FILE)
-            calls.append(self.replay.load_table.remote(replay_table, payload["replay"], source))
+            source = str(checkpoint.folder / REPLAY_FILE)
+            calls.append(self.replay.load_table.remote(replay_table, checkpoint.replay, source))
             self.replay_size = replay_table.num_rows
-        runner_states = payload.get("runners") or [{"numpy_rng": r["numpy"], "torch_rng": r["torch"]}
-                                                   for r in payload.get("runner_rng", [])]  # format 1
+        runner_states = checkpoint.runners
         for runner, state in zip(self.runners, runner_states, strict=False):
             calls.append(runner.load_state.remote(state))
         if self.spec.runtime.mode == "device":
@@ -277,7 +290,7 @@ class ActorGraph:
         normalizer already holds them)."""
         if self.prior_info is not None:
             # a dataset's observation moments join the normalizer like a runner's; its returns do not
-            self.pending_stats.append(NormMoments(self.prior_info["obs"], return_moments([])))
+            self.pending_stats.append(NormMoments(self.prior_info.obs, return_moments([])))
 
     # ---- weights and updates ---------------------------------------------------------------------
     def load_runner_weights(self, state: dict[str, Any]) -> None:

@@ -31,7 +31,16 @@ from aa_ray import seeding
 from aa_ray.algos.contract import Algorithm, TrainingSetup, diagnostics_to_floats
 from aa_ray.algos.precision import autocast_dtype
 from aa_ray.envs.symmetry import sym_aug_mirror
-from aa_ray.records import Batch, LearnerReport, NormMoments, ObsDims, PackedTransitions, ReplaySample, Transitions
+from aa_ray.records import (
+    Batch,
+    LearnerReport,
+    LearnerState,
+    NormMoments,
+    ObsDims,
+    PackedTransitions,
+    ReplaySample,
+    Transitions,
+)
 from aa_ray.runtime.families import LearnerShard, family_of
 from aa_ray.runtime.metrics import RunMetrics, run_tag
 from aa_ray.spec.experiment import ExperimentSpec
@@ -243,27 +252,25 @@ class Learner:
     def policy_state(self, device: torch.device | str = "cpu") -> tuple[dict[str, torch.Tensor], int]:
         return self.algo.policy_state(device), self.weights_version
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "algo": _to_cpu(self.algo.state_dict()),
-            "weights_version": self.weights_version,
-            "gradient_updates": self.gradient_updates,
-            "noise_generator": self.generator.get_state(),
-        }
+    def state_dict(self) -> LearnerState:
+        return LearnerState(
+            algo=_to_cpu(self.algo.state_dict()), weights_version=self.weights_version,
+            gradient_updates=self.gradient_updates, noise_generator=self.generator.get_state(),
+        )
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: LearnerState) -> None:
         self._load(state)
         self._copy_rank0_state()
 
-    def _load(self, state: dict[str, Any]) -> None:
-        self.algo.load_state_dict(state["algo"])
-        self.weights_version = int(state["weights_version"])
-        # checkpoints written before the families named the count critic_updates
-        self.gradient_updates = int(state.get("gradient_updates", state.get("critic_updates")))
-        if "noise_generator" in state:
-            self.generator.set_state(state["noise_generator"])
-        elif self.device.type == "cpu":  # written when the updates drew from torch's global generator
-            self.generator.set_state(state["torch_rng"])
+    def _load(self, state: LearnerState) -> None:
+        self.algo.load_state_dict(state.algo)
+        self.weights_version = state.weights_version
+        self.gradient_updates = state.gradient_updates
+        if state.noise_generator is not None:
+            self.generator.set_state(state.noise_generator)
+        elif state.global_cpu_generator is not None and self.device.type == "cpu":
+            # an older checkpoint's updates drew from torch's global CPU generator: this one goes on from it
+            self.generator.set_state(state.global_cpu_generator)
 
     def parameters_vector(self) -> torch.Tensor:
         """Every trained and target tensor of the model, flattened (to compare learners)."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -15,6 +14,7 @@ from aa_ray import seeding
 from aa_ray.data.sources import read_dataset
 from aa_ray.records import (
     PackedTransitions,
+    PriorData,
     ReplaySample,
     SampleTiming,
     Transitions,
@@ -121,7 +121,7 @@ class ReplayBuffer:
         index = (rng or self.rng).integers(0, max(self.size, 1), size=(num_batches, batch_size))
         return self.rows.take(index)
 
-    def load_prior(self, path: str | Path, ratio: float, gamma: float, env_id: str) -> dict[str, Any]:
+    def load_prior(self, path: str | Path, ratio: float, gamma: float, env_id: str) -> PriorData:
         """Load a transition dataset (validated against env_id and this buffer's dims) into the prior
         buffer, streaming it batch by batch. Its 1-step rows get discount = gamma. Returns the row
         count and the moments of its observations (for the observation normalizer)."""
@@ -138,7 +138,7 @@ class ReplayBuffer:
             total_sq += np.square(obs, dtype=np.float64).sum(0)
         n = len(self.prior)
         mean = total / n
-        return {"rows": n, "obs": (n, mean, np.maximum(total_sq / n - mean**2, 0.0))}
+        return PriorData(rows=n, obs=(n, mean, np.maximum(total_sq / n - mean**2, 0.0)))
 
     def state(self) -> dict:
         return {

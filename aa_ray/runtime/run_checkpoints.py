@@ -15,6 +15,7 @@ from typing import Any
 
 from aa_ray import metric_names as m
 from aa_ray.errors import UserError
+from aa_ray.records import Checkpoint, CheckpointParts
 from aa_ray.runtime.checkpoint import (
     REPLAY_FILE,
     CheckpointError,
@@ -47,16 +48,13 @@ class RunCheckpoints:
         run's id in each tracking backend, continued on a resume."""
         with self.phases.timed(m.PHASE_CHECKPOINT):
             actors = graph.snapshot(with_replay_table=self.spec.checkpoint.save_replay)
-            payload = {
-                **state.checkpoint_fields(graph.pending_stats),
-                "learner": actors["learner"],
-                "replay": actors["replay"],
-                "runners": actors["runners"],
-                "tracking_runs": dict(tracking_runs),
-            }
+            parts = CheckpointParts(
+                learner=actors.learner, replay=actors.replay, runners=actors.runners,
+                driver=state.checkpoint_part(graph.pending_stats), tracking=dict(tracking_runs),
+            )
             with self.writing():
                 try:
-                    self.last = save_checkpoint(self.folder / name, self.spec, payload, actors["replay_table"])
+                    self.last = save_checkpoint(self.folder / name, self.spec, parts, actors.replay_table)
                 except CheckpointWriteError as err:
                     raise TrainingError(
                         f"{err}. The run stopped (training on with nowhere to save it would only lose more): free "
@@ -94,19 +92,22 @@ class RunCheckpoints:
                 f"to a folder you can write to"
             ) from None
 
-    def restore(self, payload: dict[str, Any], replay_table: Any, graph: ActorGraph, reports: bool) -> DriverState:
-        """Load a checkpoint into the actors; the driver's state it saved."""
-        graph.restore(payload, replay_table)
-        state, graph.pending_stats = DriverState.from_checkpoint(self.spec, reports, payload)
-        return state
+    def restore(self, checkpoint: Checkpoint, replay_table: Any, graph: ActorGraph, reports: bool) -> DriverState:
+        """Load a checkpoint into the actors; the driver's state it saved (a checkpoint without one
+        was refused by `checkpoint.verify_resume`)."""
+        if checkpoint.driver is None:
+            raise CheckpointError(f"checkpoint {checkpoint.folder} holds no run counters; it cannot be resumed.")
+        graph.restore(checkpoint, replay_table)
+        graph.pending_stats = list(checkpoint.driver.pending_stats)
+        return DriverState.from_checkpoint(self.spec, reports, checkpoint.driver)
 
     def restore_last(self, graph: ActorGraph, reports: bool) -> DriverState | None:
         """The newest checkpoint of this run loaded back into (new) actors; None if there is none yet."""
         if self.last is None:
             return None
-        payload = load_checkpoint(self.last)
-        table = read_replay(payload, graph.obs.full, graph.act_dim) if self.spec.algo.replay_actor else None
-        return self.restore(payload, table, graph, reports)
+        checkpoint = load_checkpoint(self.last)
+        table = read_replay(checkpoint, graph.obs.full, graph.act_dim) if self.spec.algo.replay_actor else None
+        return self.restore(checkpoint, table, graph, reports)
 
     def resume_hint(self) -> str:
         if self.last is not None:

@@ -20,12 +20,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aa_ray import metric_names as m
+from aa_ray.records import Checkpoint
 from aa_ray.runtime.checkpoint import (
     MODEL_POLICY_FOLDER,
     SPEC_FILE,
     STATE_FILE,
     checkpoint_policy,
     load_checkpoint,
+    policy_only,
     save_checkpoint,
 )
 from aa_ray.runtime.phases import Phases
@@ -49,15 +51,11 @@ FINAL_CHECKPOINT = "final"  # the checkpoint of a run's end (a preempted run's l
 MODELS_FOLDER = "models"  # in the run folder: each logged MLflow model, also when the store never got it
 
 
-def resumed_runs(checkpoint: dict[str, Any] | None) -> TrackingRuns | None:
+def resumed_runs(checkpoint: Checkpoint | None) -> TrackingRuns | None:
     """The tracked runs a checkpoint's run was recorded in, to continue (None: start new ones). A
-    checkpoint from before `tracking.backends` names its MLflow run only."""
-    if checkpoint is None:
-        return None
-    runs = checkpoint.get("tracking_runs")
-    if runs is None and checkpoint.get("mlflow_run_id"):
-        runs = {"mlflow": checkpoint["mlflow_run_id"]}
-    return dict(runs) if runs else None
+    checkpoint from before `tracking.backends` named its MLflow run only: `load_checkpoint` reads
+    that as {"mlflow": its id}."""
+    return dict(checkpoint.tracking) if checkpoint is not None and checkpoint.tracking else None
 
 
 @dataclass(frozen=True)
@@ -215,8 +213,7 @@ class RunRecord:
             try:
                 state = policy_state()
                 saved = save_policy_model(self.spec, state, folder, name, env_steps)
-                save_checkpoint(folder / MODEL_POLICY_FOLDER, self.spec,
-                                {"learner": {"algo": {"policy": state}}, "counters": {"env_steps": env_steps}})
+                save_checkpoint(folder / MODEL_POLICY_FOLDER, self.spec, policy_only(state))
             except Exception as err:  # noqa: BLE001 - an export the policy does not support (a plugin's module)
                 self.event("model_not_logged", self.last_step, model=name, reason=f"{type(err).__name__}: {err}"[:500])
                 continue

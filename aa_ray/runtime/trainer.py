@@ -53,10 +53,10 @@ from aa_ray.data.mlflow_inputs import log_prior_data
 from aa_ray.data.sources import checked_prior_data
 from aa_ray.envs import env_dims
 from aa_ray.envs.symmetry import sym_aug_mirror
-from aa_ray.records import ObsDims
+from aa_ray.records import Checkpoint, ObsDims
 from aa_ray.runtime import cluster
 from aa_ray.runtime.cadence import BUDGET, PREEMPTED, STOPPED_BY_CALLBACK
-from aa_ray.runtime.checkpoint import saved_replay_rows, verify_resume
+from aa_ray.runtime.checkpoint import verify_resume
 from aa_ray.runtime.counters import Counters
 from aa_ray.runtime.device_loop import DeviceLoop
 from aa_ray.runtime.driver_state import DriverState
@@ -103,7 +103,7 @@ class Trainer:
         self,
         spec: ExperimentSpec,
         run_dir: Path | None = None,
-        resume: dict[str, Any] | None = None,
+        resume: Checkpoint | None = None,
         track: bool | None = None,
         live: bool | None = None,
         context: RunContext | None = None,
@@ -119,7 +119,7 @@ class Trainer:
         if resume is not None and run_dir is None:
             # a checkpoint outside a run folder (copied elsewhere) starts a new folder, so that nothing
             # next to it (a ./checkpoints/final, say) is written over
-            run_dir = run_folder_of(Path(resume["folder"]))
+            run_dir = run_folder_of(resume.folder)
             self.resumed_elsewhere = run_dir is None
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         self.run_dir = run_dir or Path(spec.runtime.output_dir) / f"{spec.name}-{spec_hash(spec)[:8]}-{stamp}"
@@ -200,12 +200,12 @@ class Trainer:
                     self.record.log({m.RUN_RESUMED_AT: float(self.counters.env_steps)}, self.counters.env_steps)
                 if self.resumed_elsewhere:
                     self.record.event("resumed_in_new_run_folder", self.counters.env_steps,
-                                      checkpoint=str(self.resume["folder"]), reason="not inside a run folder")
+                                      checkpoint=str(self.resume.folder), reason="not inside a run folder")
                 if self.resume is not None and self.resume_without_replay and self.spec.algo.replay_actor:
                     # the resumed run no longer repeats the stopped one: its record says why
                     self.record.event("resumed_without_replay", self.counters.env_steps,
-                                      checkpoint=str(self.resume["folder"]),
-                                      replay_rows_left_out=saved_replay_rows(self.resume) or 0)
+                                      checkpoint=str(self.resume.folder),
+                                      replay_rows_left_out=self.resume.replay_rows or 0)
                 with self.record.showing_progress():
                     stop_reason = self._train()
                     final = self.last_checkpoint if stop_reason == PREEMPTED else self._final_checkpoint(stop_reason)
@@ -289,7 +289,7 @@ class Trainer:
             size = self.graph.replay_size
             metrics |= {m.REPLAY_SIZE: size, m.REPLAY_FILL: size / self.spec.algo.buffer_size}
         if self.graph.prior_info is not None:
-            metrics[m.REPLAY_PRIOR_SIZE] = self.graph.prior_info["rows"]
+            metrics[m.REPLAY_PRIOR_SIZE] = self.graph.prior_info.rows
         metrics |= self.state.window.metrics()
         if m.RUNTIME_POLICY_LAG_MEAN in metrics:
             self.metrics.set("aa_ray_policy_lag", metrics[m.RUNTIME_POLICY_LAG_MEAN])
@@ -349,7 +349,7 @@ class Trainer:
             "mlflow_url": self.record.mlflow_url,
             "tracking_runs": self.record.tracking_runs,
             "replay_size": self.graph.replay_size,
-            "prior_size": prior["rows"] if prior else 0,
+            "prior_size": prior.rows if prior else 0,
             "runner_restarts": self.graph.runner_restarts,
             "graph_restarts": self.graph_restarts,
         }
