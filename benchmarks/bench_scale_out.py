@@ -49,7 +49,7 @@ def part_fleet(args) -> dict:
     policy = build_policy(spec.algo, 17, 6)
     weights = ray.put({k: v.detach() for k, v in policy.state_dict().items()})
     runner_cls = ray.remote(EnvRunner).options(num_cpus=1)
-    fleets = {r: [runner_cls.remote(spec, i) for i in range(r)] for r in (1, 2, 4)}
+    fleets = {r: [runner_cls.remote(spec, i) for i in range(r)] for r in ((1, 2) if args.smoke else (1, 2, 4))}
     for fleet in fleets.values():
         ray.get([runner.set_weights.remote(weights, 1) for runner in fleet])
         ray.get([runner.sample.options(num_returns=2).remote(20, False)[1] for runner in fleet])  # warm up
@@ -57,7 +57,7 @@ def part_fleet(args) -> dict:
     def collect(fleet: list) -> float:
         start = time.perf_counter()
         stats = ray.get([runner.sample.options(num_returns=2).remote(args.steps, False)[1] for runner in fleet])
-        return sum(s["env_steps"] for s in stats) / (time.perf_counter() - start)
+        return sum(s.env_steps for s in stats) / (time.perf_counter() - start)
 
     rates = alternate([(f"{r} runner(s)", lambda f=fleet: collect(f)) for r, fleet in fleets.items()], args.reps)
     rows = [[name, statistics.median(r), median_ratio(rates, name, "1 runner(s)")] for name, r in rates.items()]
@@ -121,7 +121,7 @@ def part_ddp(args) -> dict:
 
     def updates_per_s(learners: list, samples: list) -> float:
         start = time.perf_counter()
-        ray.get([learner.update.remote(s, []) for learner, s in zip(learners, samples, strict=True)])
+        ray.get([learner.update.remote([], s) for learner, s in zip(learners, samples, strict=True)])
         return args.updates / (time.perf_counter() - start)
 
     updates_per_s([single], [whole])
@@ -171,6 +171,8 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=40, help="ddp: updates per timed repetition")
     parser.add_argument("--env-steps", type=int, default=6000, help="async: env-step budget per run")
     args = parser.parse_args()
+    if args.smoke:  # every part once, at the smallest sizes; fleets of 1 and 2 runners
+        args.part, args.reps, args.steps, args.updates, args.env_steps = "all", 1, 20, 2, 600
     info = machine_info()
     print_machine(info)
     parts = ["fleet", "replay", "ddp", "async"] if args.part == "all" else [args.part]
