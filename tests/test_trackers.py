@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from wandb.proto import wandb_internal_pb2
@@ -24,6 +25,8 @@ from aa_ray.spec.loader import load_spec
 from aa_ray.tracking.mlflow_tracker import PARENT_TAG
 from aa_ray.tracking.tracker import open_trackers
 from aa_ray.tune.parent import ParentRun, trial_tracking
+from aa_ray.tune.specs import load_sweep
+from aa_ray.tune.sweep import run_sweep
 from aa_ray.tune.trials import run_context
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,8 +101,8 @@ def mlflow_history(run_id: str, metric: str) -> dict[int, float]:
 def test_a_run_writes_the_same_metrics_to_all_three_and_a_resume_continues_each(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     first = Trainer(load_spec(PENDULUM, TINY), run_dir=run_dir, live=False).run()
-    runs = first["tracking_runs"]
-    assert set(runs) == {"mlflow", "tensorboard", "wandb"} and runs["mlflow"] == first["mlflow_run_id"]
+    runs = first.tracking_runs
+    assert set(runs) == {"mlflow", "tensorboard", "wandb"} and runs["mlflow"] == first.mlflow_run_id
     assert Path(runs["tensorboard"]) == run_dir.resolve()
 
     for metric in (m.EVAL_RETURN, "env/steps"):
@@ -113,10 +116,10 @@ def test_a_run_writes_the_same_metrics_to_all_three_and_a_resume_continues_each(
 
     # the resume: a larger budget from the final checkpoint, into the same run of every backend
     resumed = Trainer(load_spec(PENDULUM, [*TINY, "budget.env_steps=900"]),
-                      resume=load_checkpoint(Path(first["checkpoint"])), live=False).run()
-    assert resumed["tracking_runs"] == runs
-    assert Path(resumed["run_dir"]) == run_dir
-    after = {step for step in mlflow_history(runs["mlflow"], "env/steps") if step > first["env_steps"]}
+                      resume=load_checkpoint(Path(first.checkpoint)), live=False).run()
+    assert resumed.tracking_runs == runs
+    assert Path(resumed.run_dir) == run_dir
+    after = {step for step in mlflow_history(runs["mlflow"], "env/steps") if step > first.env_steps}
     assert after, "the resumed run logged nothing past the checkpoint"
     assert after <= set(tensorboard_scalars(run_dir, "env/steps"))  # appended in the same folder
     assert len(list(run_dir.glob("events.out.tfevents.*"))) == 2
@@ -159,6 +162,30 @@ def test_a_sweeps_trials_are_a_wandb_group_and_tensorboard_subfolders(
     shown = capfd.readouterr()
     assert api_key not in shown.out + shown.err
     assert not [path for path in root.rglob("*") if path.is_file() and api_key.encode() in path.read_bytes()]
+
+
+def test_a_sweep_tracked_in_tensorboard_and_wandb_only(tmp_path: Path) -> None:
+    """A real sweep (Tune, two trials, inline actors) with no MLflow backend: no parent run and no
+    MLflow store; each trial's event files in its run folder inside the sweep's folder, and its W&B
+    run in the group named after that folder."""
+    sweep_file = tmp_path / "sweep.yaml"
+    sweep_file.write_text(yaml.safe_dump({
+        "name": "seeds", "base": str(PENDULUM),
+        "set": {**{key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in TINY)},
+                "budget.env_steps": 400, "tracking.backends": ["tensorboard", "wandb"]},
+        "search_space": {"seed": {"grid": [1, 2]}}, "metric": "eval/return", "mode": "max",
+        "max_concurrent_trials": 2,
+    }))
+    outcome = run_sweep(load_sweep(sweep_file), report=lambda _: None)
+    assert outcome["parent_run_id"] is None and not (tmp_path / "mlflow.db").exists()
+    root = Path(outcome["root"])
+    for trial in outcome["trials"]:
+        folder = root / trial["trial_id"]
+        assert tensorboard_scalars(folder, "eval/return"), f"no event files in {folder}"
+        (run_id,) = {path.name.rsplit("-", 1)[1] for path in (folder / "wandb").glob("offline-run-*")}
+        (attempt,) = wandb_run(folder, run_id)
+        assert attempt["run"].run_group == root.name
+        assert any("eval/return" in row for row in attempt["history"])
 
 
 def test_without_mlflow_a_trial_needs_no_parent_run(tmp_path: Path) -> None:
