@@ -144,10 +144,10 @@ class Experiment:
                                resume_without_replay=resume_without_replay)
         outcome = self.trainer.run()
         return RunResult(
-            run_dir=Path(outcome["run_dir"]), checkpoint=Path(outcome["checkpoint"]),
-            mlflow_run_id=outcome["mlflow_run_id"], mlflow_url=outcome["mlflow_url"], env_steps=outcome["env_steps"],
-            stop_reason=outcome["stop_reason"], metrics=dict(outcome["evals"][-1]) if outcome["evals"] else {},
-            evals=outcome["evals"], tracking_runs=outcome["tracking_runs"],
+            run_dir=outcome.run_dir, checkpoint=outcome.checkpoint, mlflow_run_id=outcome.mlflow_run_id,
+            mlflow_url=outcome.mlflow_url, env_steps=outcome.env_steps, stop_reason=outcome.stop_reason,
+            metrics=dict(outcome.evals[-1]) if outcome.evals else {}, evals=outcome.evals,
+            tracking_runs=outcome.tracking_runs,
         )
 
     learn = fit  # SB3's name for it

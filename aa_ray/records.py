@@ -358,6 +358,25 @@ class Checkpoint(CheckpointParts):
     written_format: int  # the format version of the file
 
 
+@dataclass(frozen=True)
+class RunOutcome:
+    """What a training run (`Trainer.run`) returns: how it ended and where its results are. The
+    API's `RunResult` is made from it."""
+
+    env_steps: int
+    evals: list[dict[str, float]]  # every evaluation's metrics, in order
+    stop_reason: str  # "budget", "target reached", "stopped by a callback" or "preempted"
+    checkpoint: Path  # the final checkpoint (a preempted run's: the one written on the way out)
+    run_dir: Path
+    mlflow_run_id: str | None  # None: not tracked in MLflow
+    mlflow_url: str | None
+    tracking_runs: dict[str, str]  # the run's id in each tracking backend, by name
+    replay_size: int  # transitions in the replay buffer at the end
+    prior_size: int  # rows of algo.prior_data in the prior buffer; 0 without
+    runner_restarts: int
+    graph_restarts: int
+
+
 @dataclass
 class LearnerReport:
     """What a learner iteration returns (rank 0's is the one read): its diagnostics and health as

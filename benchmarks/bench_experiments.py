@@ -38,8 +38,8 @@ def steps_to_solve(spec_file: str, seed: int, budget: int, eval_every: int, outp
         f"runtime.output_dir={output_dir}",
     ])
     result = Trainer(spec, live=False).run()
-    distances = [round(e["eval/distance"], 3) for e in result["evals"]]
-    solved = result["env_steps"] if result["stop_reason"] == "target reached" else None
+    distances = [round(e["eval/distance"], 3) for e in result.evals]
+    solved = result.env_steps if result.stop_reason == "target reached" else None
     print(f"{spec_file} seed {seed}: {solved or f'not solved in {budget:,}'}; last evals {distances[-5:]}", flush=True)
     return solved
 

@@ -94,7 +94,7 @@ def part_solve(args) -> dict:
                 ],
             )
             result = Trainer(spec, live=False).run()
-            steps.append(result["env_steps"] if result["stop_reason"] == "target reached" else None)
+            steps.append(result.env_steps if result.stop_reason == "target reached" else None)
             print(f"{name} seed {seed}: {steps[-1] or 'not solved in 20k'}", flush=True)
         solved = [s for s in steps if s is not None]
         results[name] = {

@@ -596,14 +596,14 @@ def run_train(args: argparse.Namespace, clock: Clock, results: Results, deadline
             return
         wall = time.perf_counter() - start
     updates = trainer.last_metrics.get(m.LEARNER_GRADIENT_UPDATES, 0.0)  # sac_simba: one per critic step
-    evals = result.get("evals") or []
+    evals = result.evals
     summary |= {
         "status": "ok",
         "env": spec.env.id,
-        "stop_reason": result.get("stop_reason"),
-        "env_steps": result["env_steps"],
+        "stop_reason": result.stop_reason,
+        "env_steps": result.env_steps,
         "wall_s": round(wall, 1),
-        "env_steps_per_s": round(result["env_steps"] / wall, 1),
+        "env_steps_per_s": round(result.env_steps / wall, 1),
         "critic_updates": int(updates),
         "critic_updates_per_s": round(updates / wall, 1),
         # past the warm-up, to the last iteration: what training itself sustains

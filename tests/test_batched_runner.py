@@ -106,8 +106,8 @@ def test_a_resumed_batched_run_repeats_the_uninterrupted_one(tmp_path: Path) -> 
     whole = Trainer(spec, run_dir=tmp_path / "whole", live=False).run()
     (midway,) = [p for p in (tmp_path / "whole" / "checkpoints").glob("step_*") if "160" in p.name]
     resumed = Trainer(spec, run_dir=tmp_path / "resumed", resume=load_checkpoint(midway), live=False).run()
-    assert whole["evals"][-1] == resumed["evals"][-1]
-    a, b = (load_checkpoint(run["checkpoint"]).learner.algo for run in (whole, resumed))
+    assert whole.evals[-1] == resumed.evals[-1]
+    a, b = (load_checkpoint(run.checkpoint).learner.algo for run in (whole, resumed))
     flat_a = torch.cat([t.reshape(-1).float() for t in _tensors(a)])
     assert torch.equal(flat_a, torch.cat([t.reshape(-1).float() for t in _tensors(b)]))
 
@@ -115,8 +115,8 @@ def test_a_resumed_batched_run_repeats_the_uninterrupted_one(tmp_path: Path) -> 
 def test_the_ray_backend_repeats_the_inline_run(tmp_path: Path) -> None:
     runs = {backend: Trainer(load_spec(SPEC, [*SMALL, f"runtime.backend={backend}"]), run_dir=tmp_path / backend,
                              live=False).run() for backend in ("inline", "ray")}
-    assert runs["inline"]["evals"] == runs["ray"]["evals"] and len(runs["inline"]["evals"]) >= 2
-    assert runs["inline"]["env_steps"] == runs["ray"]["env_steps"]
+    assert runs["inline"].evals == runs["ray"].evals and len(runs["inline"].evals) >= 2
+    assert runs["inline"].env_steps == runs["ray"].env_steps
 
 
 def _tensors(tree: object) -> list[torch.Tensor]:
@@ -141,7 +141,7 @@ def test_sac_learns_point_reach_through_the_batched_runner() -> None:
         "algo.warm_up_steps=1024", "budget.env_steps=48000", "eval.every_env_steps=4096", "eval.episodes=32",
         "budget.stop_at={metric: eval/distance, below: 0.15}",
     )
-    distances = [evaluation["eval/distance"] for evaluation in result["evals"]]
+    distances = [evaluation["eval/distance"] for evaluation in result.evals]
     assert distances[0] > 0.5 and min(distances) < 0.15, distances
 
 
@@ -171,7 +171,7 @@ def test_a_batched_runs_policy_loads_evaluates_and_exports_without_a_trust_flag(
     assert named_code({"env": {"entry_point": "aa_ray.envs.point_reach:PointReach"}}) == []
     assert named_code({"env": {"entry_point": "mypkg.envs:PointReach"}})  # a user's module still counts
     result = Trainer(load_spec(SPEC, [*SMALL, "budget.env_steps=192"]), run_dir=tmp_path / "run", live=False).run()
-    policy = load_policy(result["checkpoint"])
+    policy = load_policy(result.checkpoint)
     evaluation = policy.evaluate(episodes=4)
     assert evaluation["eval/length"] == 7 and "eval/distance" in evaluation
     assert policy.predict(np.zeros(policy.obs_dim, np.float32)).shape == (2,)

@@ -546,4 +546,4 @@ class TestOnRay:
             ),
         )
         result = Trainer(run, live=False).run()
-        assert result["env_steps"] >= 300 and result["prior_size"] == 100
+        assert result.env_steps >= 300 and result.prior_size == 100

@@ -40,8 +40,8 @@ def test_a_resumed_device_run_repeats_the_uninterrupted_one(tmp_path: Path) -> N
     saved = load_checkpoint(midway)
     assert saved.runners[0]["replay"] is not None  # the ring travels with the checkpoint (save_replay)
     resumed = Trainer(spec, run_dir=tmp_path / "resumed", resume=saved, live=False).run()
-    assert resumed["env_steps"] == whole["env_steps"] and resumed["evals"][-1] == whole["evals"][-1]
-    finals = [load_checkpoint(run["checkpoint"]) for run in (whole, resumed)]
+    assert resumed.env_steps == whole.env_steps and resumed.evals[-1] == whole.evals[-1]
+    finals = [load_checkpoint(run.checkpoint) for run in (whole, resumed)]
     assert torch.equal(flat(finals[0].learner), flat(finals[1].learner))
 
 
@@ -50,6 +50,6 @@ def test_two_device_learners_train_a_run_on_ray(tmp_path: Path) -> None:
                             "algo.batch_size=64"])
     assert [bundle for bundle in spec.bundles()] == [{"CPU": 1.0}, {"CPU": 1.0}]  # no runner or replay bundles
     result = Trainer(spec, run_dir=tmp_path / "run", live=False).run()
-    assert result["env_steps"] >= 384 and len(result["evals"]) == 2
-    final = load_checkpoint(result["checkpoint"])
+    assert result.env_steps >= 384 and len(result.evals) == 2
+    final = load_checkpoint(result.checkpoint)
     assert len(final.runners) == 2  # each learner process's envs and ring

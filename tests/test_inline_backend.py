@@ -47,9 +47,9 @@ def test_inline_repeats_the_ray_backends_sync_run_exactly(tmp_path: Path) -> Non
         for backend in ("inline", "ray")
     }
     inline, ray = results["inline"], results["ray"]
-    assert len(inline["evals"]) == 2 and inline["evals"] == ray["evals"]
-    assert (inline["env_steps"], inline["replay_size"]) == (ray["env_steps"], ray["replay_size"])
-    learner = {backend: tensors(load_checkpoint(run["checkpoint"]).learner) for backend, run in results.items()}
+    assert len(inline.evals) == 2 and inline.evals == ray.evals
+    assert (inline.env_steps, inline.replay_size) == (ray.env_steps, ray.replay_size)
+    learner = {backend: tensors(load_checkpoint(run.checkpoint).learner) for backend, run in results.items()}
     assert learner["inline"].keys() == learner["ray"].keys()
     differing = [path for path, t in learner["inline"].items() if not torch.equal(t, learner["ray"][path])]
     assert not differing, f"learner state differs between the backends at {differing}"

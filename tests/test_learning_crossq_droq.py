@@ -19,8 +19,8 @@ def test_crossq_solves_pusher_reach_within_12k_steps() -> None:
     """No target networks, batch-renormalized critics at UTD 1 (specs/crossq.yaml, 128 wide): measured
     0.032 m at 6,000 env steps for seed 0 (46 s beside another test on 2 cores)."""
     result = train("crossq.yaml", "budget.env_steps=12000", SOLVED, *SMALL)
-    distances = [e["eval/distance"] for e in result["evals"]]
-    assert result["stop_reason"] == "target reached", f"eval distances: {distances}"
+    distances = [e["eval/distance"] for e in result.evals]
+    assert result.stop_reason == "target reached", f"eval distances: {distances}"
     print(f"crossq solved pusher-reach at {result['env_steps']} env steps; eval distances {distances}")
 
 
@@ -28,6 +28,6 @@ def test_droq_solves_pusher_reach_within_15k_steps() -> None:
     """Dropout and LayerNorm critics (specs/droq.yaml, 128 wide) at UTD 3: measured 0.039 m at 9,000 env
     steps for seed 0 (172 s beside another test on 2 cores)."""
     result = train("droq.yaml", "budget.env_steps=15000", "algo.utd_ratio=3", SOLVED, *SMALL)
-    distances = [e["eval/distance"] for e in result["evals"]]
-    assert result["stop_reason"] == "target reached", f"eval distances: {distances}"
+    distances = [e["eval/distance"] for e in result.evals]
+    assert result.stop_reason == "target reached", f"eval distances: {distances}"
     print(f"droq solved pusher-reach at {result['env_steps']} env steps; eval distances {distances}")

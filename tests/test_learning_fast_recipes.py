@@ -28,8 +28,8 @@ SOLVED = "budget.stop_at={metric: eval/distance, below: 0.05}"
 
 
 def solved(result: dict) -> list[float]:
-    distances = [e["eval/distance"] for e in result["evals"]]
-    assert result["stop_reason"] == "target reached", f"eval distances: {distances}"
+    distances = [e["eval/distance"] for e in result.evals]
+    assert result.stop_reason == "target reached", f"eval distances: {distances}"
     return distances
 
 

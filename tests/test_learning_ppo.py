@@ -16,7 +16,7 @@ def test_ppo_halves_the_random_policys_distance_within_200k_steps() -> None:
     steps on an AMD EPYC and at 121k on an Intel Xeon (float rounding differs): the budget leaves room."""
     result = train("ppo.yaml", "budget.env_steps=200000", "eval.every_env_steps=10000",
                    "budget.stop_at_eval_distance=0.10", "checkpoint.every_env_steps=null")
-    distances = [round(e["eval/distance"], 4) for e in result["evals"]]
-    assert result["stop_reason"] == "target reached", f"eval distances: {distances}"
+    distances = [round(e["eval/distance"], 4) for e in result.evals]
+    assert result.stop_reason == "target reached", f"eval distances: {distances}"
     assert distances[-1] <= 0.10 and distances[0] > 0.10
     print(f"ppo reached {distances[-1]} m at {result['env_steps']} env steps; eval distances {distances}")

@@ -28,9 +28,9 @@ pytestmark = pytest.mark.learning
 
 def steps_to_solve(spec_file: str, *overrides: str) -> tuple[int, list[float]]:
     result = train(spec_file, *COMMON, *overrides)
-    distances = [round(e["eval/distance"], 3) for e in result["evals"]]
-    solved = result["stop_reason"] == "target reached"
-    return (result["env_steps"] if solved else BUDGET + 1), distances
+    distances = [round(e["eval/distance"], 3) for e in result.evals]
+    solved = result.stop_reason == "target reached"
+    return (result.env_steps if solved else BUDGET + 1), distances
 
 
 @pytest.fixture(scope="module")

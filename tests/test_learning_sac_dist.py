@@ -13,9 +13,9 @@ def test_sac_dist_solves_pusher_reach_within_12k_steps() -> None:
     """Twin C51 critics on the shipped spec must bring the mean final eval distance under 0.05 m
     within 12k env steps (measured: solved at 7k with seed 0; a random policy ends ~0.2 m away)."""
     result = train("sac_dist.yaml", "budget.env_steps=12000", "budget.stop_at_eval_distance=0.05")
-    distances = [e["eval/distance"] for e in result["evals"]]
-    assert result["stop_reason"] == "target reached", f"eval distances: {distances}"
-    assert distances[-1] < 0.05 and result["env_steps"] <= 12000
+    distances = [e["eval/distance"] for e in result.evals]
+    assert result.stop_reason == "target reached", f"eval distances: {distances}"
+    assert distances[-1] < 0.05 and result.env_steps <= 12000
     print(f"sac_dist solved pusher-reach at {result['env_steps']} env steps; eval distances {distances}")
 
 
@@ -23,7 +23,7 @@ def test_sac_dist_simba_solves_pusher_reach_within_10k_steps() -> None:
     """SimbaV2 networks with C51 critics and SimbaV2's reward scaling, on the shipped spec's widths
     (which fit a 2-core CPU): under 0.05 m within 10k env steps (measured: solved at 5k with seed 0)."""
     result = train("sac_dist_simba.yaml", "budget.env_steps=10000", "budget.stop_at_eval_distance=0.05")
-    distances = [e["eval/distance"] for e in result["evals"]]
-    assert result["stop_reason"] == "target reached", f"eval distances: {distances}"
-    assert distances[-1] < 0.05 and result["env_steps"] <= 10000
+    distances = [e["eval/distance"] for e in result.evals]
+    assert result.stop_reason == "target reached", f"eval distances: {distances}"
+    assert distances[-1] < 0.05 and result.env_steps <= 10000
     print(f"sac_dist_simba solved pusher-reach at {result['env_steps']} env steps; eval distances {distances}")

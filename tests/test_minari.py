@@ -163,7 +163,7 @@ def test_rollout_and_rlpd_runs_list_the_dataset_in_mlflow(
                  "checkpoint.every_env_steps=null", "budget.env_steps=300", "eval.every_env_steps=300",
                  "eval.episodes=1"]
     result = Trainer(load_spec(SPECS / "rlpd.yaml", overrides), live=False).run()
-    (used,) = client.get_run(result["mlflow_run_id"]).inputs.dataset_inputs
+    (used,) = client.get_run(result.mlflow_run_id).inputs.dataset_inputs
     assert used.dataset.name == "rlpd_pusher/scripted-v0" and used.dataset.digest == written.dataset.digest
     assert json.loads(used.dataset.source) == {"uri": str((tmp_path / "root/rlpd_pusher/scripted-v0").resolve())}
     assert used.dataset.source_type == "local"

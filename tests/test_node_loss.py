@@ -165,8 +165,8 @@ def test_lost_nodes_cost_at_most_the_work_since_the_last_checkpoint(cluster: Any
 
     assert "error" not in outcome, outcome.get("error")
     result = outcome["result"]
-    assert result["env_steps"] >= BUDGET and result["stop_reason"] == "budget"
-    assert result["graph_restarts"] == 1 and result["runner_restarts"] >= len(first_lost)
+    assert result.env_steps >= BUDGET and result.stop_reason == "budget"
+    assert result.graph_restarts == 1 and result.runner_restarts >= len(first_lost)
     log = events(run_dir)
     print("node loss test:", ", ".join(f"{mark} at {seconds:.1f} s" for mark, seconds in marks.items()))
     lost = [e for e in log if e["event"] == "node_lost"]

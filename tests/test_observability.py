@@ -155,9 +155,9 @@ def test_eval_video_is_logged_to_mlflow() -> None:
     ])
     result = Trainer(spec, live=False).run()
     client = MlflowClient()
-    videos = [a.path for a in client.list_artifacts(result["mlflow_run_id"], "videos")]
-    assert len(videos) == len(result["evals"]) == 2
-    local = client.download_artifacts(result["mlflow_run_id"], videos[-1])
+    videos = [a.path for a in client.list_artifacts(result.mlflow_run_id, "videos")]
+    assert len(videos) == len(result.evals) == 2
+    local = client.download_artifacts(result.mlflow_run_id, videos[-1])
     with Image.open(local) as gif:
         assert gif.format == "GIF" and gif.n_frames == 8 and gif.size == (480, 480)
 
@@ -174,14 +174,14 @@ def test_phase_timings_are_logged_and_the_trace_opens_as_chrome_trace_json() -> 
     ])
     result = Trainer(spec, live=False).run()
     client = MlflowClient()
-    logged = client.get_run(result["mlflow_run_id"]).data.metrics
+    logged = client.get_run(result.mlflow_run_id).data.metrics
     missing = [phase for phase in m.PHASES if f"time/{phase}_s" not in logged]
     assert not missing, f"no time/*_s metric for {missing}"
-    updates = client.get_metric_history(result["mlflow_run_id"], f"time/{m.PHASE_LEARNER_UPDATE}_s")
+    updates = client.get_metric_history(result.mlflow_run_id, f"time/{m.PHASE_LEARNER_UPDATE}_s")
     assert len(updates) > 10 and all(point.value > 0 for point in updates)
 
-    assert "trace.json" in {a.path for a in client.list_artifacts(result["mlflow_run_id"])}
-    events = json.loads((Path(result["run_dir"]) / "trace.json").read_text())["traceEvents"]
+    assert "trace.json" in {a.path for a in client.list_artifacts(result.mlflow_run_id)}
+    events = json.loads((Path(result.run_dir) / "trace.json").read_text())["traceEvents"]
     assert all({"name", "ph", "ts", "pid"} <= event.keys() for event in events if event.get("ph") == "X")
     driver = {event["name"] for event in events if event.get("cat") == "driver"}
     assert {m.PHASE_EVAL, m.PHASE_CHECKPOINT, m.PHASE_TRACKING} <= driver

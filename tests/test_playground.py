@@ -157,5 +157,5 @@ def test_sac_learns_cartpole_balance_through_the_batched_runner() -> None:
     from learning_runs import train
 
     result = train("sac_playground_cartpole.yaml", "budget.env_steps=24000")
-    returns = [evaluation["eval/return"] for evaluation in result["evals"]]
+    returns = [evaluation["eval/return"] for evaluation in result.evals]
     assert returns[0] < 195 and max(returns) >= 220, returns

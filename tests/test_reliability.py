@@ -207,8 +207,8 @@ def test_chaos_runner_then_replay_then_learner_killed_by_pid(tmp_path: Path) -> 
     thread.join(timeout=300)
 
     result = outcome["result"]
-    assert result["env_steps"] >= 2400 and result["replay_size"] > max(checkpointed_rows)
-    assert result["runner_restarts"] == 1 and result["graph_restarts"] == 2
+    assert result.env_steps >= 2400 and result.replay_size > max(checkpointed_rows)
+    assert result.runner_restarts == 1 and result.graph_restarts == 2
     events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events] == ["runner_restart", "actor_graph_restart", "actor_graph_restart"]
     assert events[1]["lost"] == ["replay"] and events[2]["lost"] == ["learner 0"]

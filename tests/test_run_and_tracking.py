@@ -230,12 +230,12 @@ def test_a_listed_info_metric_reaches_mlflow_and_can_stop_the_run(stop_at: str, 
     all in the run's MLflow metrics; budget.stop_at on any of them stops the run."""
     spec = load_spec(POINT_REACH, [*TINY_INLINE, "eval.info_metrics=[error]", f"budget.stop_at={stop_at}"])
     result = Trainer(spec, live=False).run()
-    assert result["stop_reason"] == reason and len(result["evals"]) == evaluations
-    assert (result["env_steps"] >= 300) == (reason == "budget")
+    assert result.stop_reason == reason and len(result.evals) == evaluations
+    assert (result.env_steps >= 300) == (reason == "budget")
     client = MlflowClient()
-    metrics = client.get_run(result["mlflow_run_id"]).data.metrics
-    last_eval = result["evals"][-1]
+    metrics = client.get_run(result.mlflow_run_id).data.metrics
+    last_eval = result.evals[-1]
     assert metrics["eval/error"] == pytest.approx(last_eval["eval/error"]) and 0 < last_eval["eval/error"] < 3
     assert 0 <= metrics["eval/success"] <= 1 and metrics["eval/success"] == pytest.approx(last_eval["eval/success"])
     assert 0 < metrics["train/error"] < 3 and 0 <= metrics["train/success"] <= 1  # 40-step episodes ended
-    assert len(client.get_metric_history(result["mlflow_run_id"], "eval/error")) == evaluations
+    assert len(client.get_metric_history(result.mlflow_run_id, "eval/error")) == evaluations

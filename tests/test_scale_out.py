@@ -129,8 +129,8 @@ def test_checkpoints_move_between_one_and_two_learners(tmp_path: Path) -> None:
                  f"runtime.mode={mode}")
         payload = load_checkpoint(checkpoint) if checkpoint else None
         result = Trainer(s, run_dir=tmp_path / "run", resume=payload, live=False).run()
-        checkpoint = Path(result["checkpoint"])
-        env_steps.append(result["env_steps"])
+        checkpoint = Path(result.checkpoint)
+        env_steps.append(result.env_steps)
         gradient_updates.append(load_checkpoint(checkpoint).learner.gradient_updates)
     assert [steps // 100 for steps in env_steps] == [6, 9, 12]  # each budget met (a chunk may overshoot)
     assert gradient_updates[0] < gradient_updates[1] < gradient_updates[2], gradient_updates  # each one trained on
@@ -164,13 +164,13 @@ def test_a_killed_env_runner_is_replaced_and_the_run_finishes(mode: str) -> None
     ray.kill(trainer.runners[1])
     thread.join(timeout=300)
     result = outcome["result"]
-    assert result["env_steps"] >= 2000 and result["runner_restarts"] == 1
+    assert result.env_steps >= 2000 and result.runner_restarts == 1
 
-    run_id = result["mlflow_run_id"]
+    run_id = result.mlflow_run_id
     assert metric_history(run_id, "runtime/runner_restarts")[-1] == 1.0
     sizes = metric_history(run_id, "replay/size")
     assert sizes == sorted(sizes) and sizes[-1] > 1500
-    events = [json.loads(line) for line in (Path(result["run_dir"]) / "events.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (Path(result.run_dir) / "events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events] == ["runner_restart"] and events[0]["runner"] == 1
     artifacts = {a.path for a in MlflowClient().list_artifacts(run_id)}
     assert "events.jsonl" in artifacts
@@ -242,10 +242,10 @@ def test_async_sac_solves_pusher_reach_with_bounded_policy_lag() -> None:
         ["runtime.mode=async", "budget.stop_at_eval_distance=0.05", "checkpoint.save_replay=false"],
     )
     result = Trainer(s, live=False).run()
-    distances = [e["eval/distance"] for e in result["evals"]]
-    assert result["stop_reason"] == "target reached", f"eval distances: {distances}"
-    lags = metric_history(result["mlflow_run_id"], "runtime/policy_lag_max")
+    distances = [e["eval/distance"] for e in result.evals]
+    assert result.stop_reason == "target reached", f"eval distances: {distances}"
+    lags = metric_history(result.mlflow_run_id, "runtime/policy_lag_max")
     assert lags and max(lags) <= s.runtime.max_policy_lag
-    utd = metric_history(result["mlflow_run_id"], "runtime/updates_per_fleet_step")[-1]
+    utd = metric_history(result.mlflow_run_id, "runtime/updates_per_fleet_step")[-1]
     assert 0.8 * s.algo.utd_ratio <= utd <= 1.2 * s.algo.utd_ratio, utd
     print(f"async sac solved pusher-reach at {result['env_steps']} env steps; lag max {max(lags)}; utd {utd:.2f}")

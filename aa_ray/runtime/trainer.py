@@ -53,7 +53,7 @@ from aa_ray.data.mlflow_inputs import log_prior_data
 from aa_ray.data.sources import checked_prior_data
 from aa_ray.envs import env_dims
 from aa_ray.envs.symmetry import sym_aug_mirror
-from aa_ray.records import Checkpoint, ObsDims
+from aa_ray.records import Checkpoint, ObsDims, RunOutcome
 from aa_ray.runtime import cluster
 from aa_ray.runtime.cadence import BUDGET, PREEMPTED, STOPPED_BY_CALLBACK
 from aa_ray.runtime.checkpoint import verify_resume
@@ -172,7 +172,7 @@ class Trainer:
         return self.graph.replay_size if self.graph else 0
 
     # ---- the run -------------------------------------------------------------------------------
-    def run(self) -> dict[str, Any]:
+    def run(self) -> RunOutcome:
         obs, act_dim = env_dims(self.spec)  # a spec whose env cannot be made stops here
         check_stop_metric(self.spec)  # so does a budget.stop_at metric its evaluations never produce
         sym_aug_mirror(self.spec, obs, act_dim)  # so does a mirror that does not fit the env's kwargs
@@ -334,25 +334,18 @@ class Trainer:
         )
         return final
 
-    def _finish(self, stop_reason: str, final: Path) -> dict[str, Any]:
+    def _finish(self, stop_reason: str, final: Path) -> RunOutcome:
         self.record.final_checkpoint(final)
         if self.reporter is not None and stop_reason != PREEMPTED:
             self.reporter({**self.last_metrics, m.RUN_FINISHED: 1.0}, final)
         prior = self.graph.prior_info
-        return {
-            "env_steps": self.counters.env_steps,
-            "evals": self.counters.evals,
-            "stop_reason": stop_reason,
-            "checkpoint": str(final),
-            "run_dir": str(self.run_dir),
-            "mlflow_run_id": self.record.mlflow_run_id,
-            "mlflow_url": self.record.mlflow_url,
-            "tracking_runs": self.record.tracking_runs,
-            "replay_size": self.graph.replay_size,
-            "prior_size": prior.rows if prior else 0,
-            "runner_restarts": self.graph.runner_restarts,
-            "graph_restarts": self.graph_restarts,
-        }
+        return RunOutcome(
+            env_steps=self.counters.env_steps, evals=self.counters.evals, stop_reason=stop_reason,
+            checkpoint=final, run_dir=self.run_dir, mlflow_run_id=self.record.mlflow_run_id,
+            mlflow_url=self.record.mlflow_url, tracking_runs=dict(self.record.tracking_runs),
+            replay_size=self.graph.replay_size, prior_size=prior.rows if prior else 0,
+            runner_restarts=self.graph.runner_restarts, graph_restarts=self.graph_restarts,
+        )
 
     # ---- before Ray starts -----------------------------------------------------------------------
     def _check_resume(self, obs: ObsDims, act_dim: int) -> Any:
