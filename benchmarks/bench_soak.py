@@ -44,7 +44,7 @@ from ray.util.state import list_actors, summarize_objects
 from ray.util.state.api import StateApiClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import SPECS, command_line, machine_info, print_machine, print_table, write_json  # noqa: E402
+from _common import SPECS, add_smoke, command_line, machine_info, print_machine, print_table, write_json  # noqa: E402
 
 from aa_ray.envs import env_dims  # noqa: E402
 from aa_ray.runtime.cluster import TASK_EVENTS_KEPT  # noqa: E402
@@ -158,7 +158,10 @@ def main() -> None:
     parser.add_argument("--mode", choices=["sync", "async"], default="async")
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between samples")
     parser.add_argument("--json", type=Path, default=None, help="write the machine, results and raw samples here")
+    add_smoke(parser)
     args = parser.parse_args()
+    if args.smoke:  # one runner, a replay that fills in seconds, samples twice a second
+        args.env_steps, args.buffer_size, args.runners, args.envs, args.interval = 3000, 500, 1, 1, 0.5
     info = machine_info()
     print_machine(info)
     print(f"# command: {command_line()}", flush=True)
