@@ -14,8 +14,15 @@ replay buffer to the learner:
 the learners merge (`NormMoments`) and the chunk's timings. A dataset's column names (RLlib's
 SingleAgentEpisode names) are mapped onto these fields in `aa_ray.data.dataset`, its one place.
 
+Between the layers: `ObsDims` (what the envs, the networks and the runtime agree an observation
+is), `PriorData` (an RLPD dataset as the replay actor loaded it), `RunOutcome` (what a training run
+returns) and the checkpoint, `Checkpoint` (`CheckpointParts`: `LearnerState`, the replay's and the
+runners' state, `DriverCheckpoint` with its `RunCounters`, the tracked runs), whatever format wrote
+it (`aa_ray.runtime.checkpoint` writes and reads the file).
+
 Every record here is plain data: numpy on the host, torch on the learner's device. Ray pickles
-them between actors; checkpoints keep them as plain dicts (`NormMoments.to_dict`)."""
+them between actors; a checkpoint file keeps them as plain dicts (`NormMoments.to_dict`), which
+`torch.load(weights_only=True)` reads without running any code."""
 
 from __future__ import annotations
 
