@@ -24,6 +24,7 @@ from aa_ray.runtime.trainer import Trainer
 from aa_ray.spec.loader import load_spec
 from aa_ray.tracking.mlflow_tracker import PARENT_TAG
 from aa_ray.tracking.tracker import open_trackers
+from aa_ray.tracking.wandb_tracker import WandbError
 from aa_ray.tune.parent import ParentRun, trial_tracking
 from aa_ray.tune.specs import load_sweep
 from aa_ray.tune.sweep import run_sweep
@@ -199,6 +200,25 @@ def test_without_mlflow_a_trial_needs_no_parent_run(tmp_path: Path) -> None:
     trackers.finish("FINISHED")
     assert tensorboard_scalars(tmp_path / "trial_a", "eval/return") == {1: 1.0}
     assert not (tmp_path / "mlflow.db").exists()  # no MLflow store touched
+
+
+def test_a_wandb_server_that_does_not_answer_is_one_paragraph(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Online, against a local port nothing listens on (no network needed): W&B's own error becomes
+    one paragraph saying what to do, without the API key, and the backend opened before it is closed."""
+    api_key = "fake-wandb-key-fedcba9876543210fedcba9876543210"
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # the discard port: refused at once
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "2")
+    monkeypatch.setenv("WANDB_API_KEY", api_key)
+    spec = load_spec(PENDULUM, [*TINY, "tracking.backends=[tensorboard,wandb]"])
+    with pytest.raises(WandbError) as raised:
+        open_trackers(spec, tmp_path / "run")
+    message = str(raised.value)
+    assert "tracking.backends: wandb could not start the run" in message and "wandb login" in message
+    assert "WANDB_MODE=offline" in message and api_key not in message and "\n" not in message
+    events = EventAccumulator(str(tmp_path / "run"))
+    events.Reload()
+    assert "status/text_summary" in events.Tags()["tensors"]  # the TensorBoard run opened first was ended
 
 
 def test_an_unknown_backend_is_a_spec_error() -> None:
