@@ -395,9 +395,6 @@ class CheckpointSpec(SpecModel):
     )
 
 
-TRACKING_BACKENDS = ("mlflow", "tensorboard", "wandb")
-
-
 def _distinct_backends(backends: list[str]) -> list[str]:
     if not backends:
         raise ValueError("name at least one backend (mlflow, tensorboard, wandb), or set tracking.enabled: false")
