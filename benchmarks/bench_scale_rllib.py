@@ -70,7 +70,7 @@ import psutil
 
 BENCHMARKS = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHMARKS))
-from _common import REPO, command_line, machine_info, print_machine, print_table, write_json  # noqa: E402
+from _common import REPO, add_smoke, command_line, machine_info, print_machine, print_table, write_json  # noqa: E402
 from bench_scale import Cell, cpus_per_node, measure, process_kind, simulated_cluster, workload  # noqa: E402
 
 # gymnasium's "module:id": each env runner imports scale_sim (shipped as py_modules), which registers the id,
@@ -305,7 +305,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rllib-learner", nargs="+", choices=["sac", "free"], default=["sac", "free"],
                         help="RLlib's learner: sac (real SAC updates on the CPU), free (no-op gradient step)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results to this JSON file")
+    add_smoke(parser)
     args = parser.parse_args(argv)
+    if args.smoke:  # one runner on one node, RLlib with its no-op learner, seconds per side
+        args.runners, args.envs, args.step_s, args.seconds, args.reps, args.nodes, args.rllib_learner = (
+            [1], [1], [0.0], 3.0, 1, 1, ["free"])
     os.chdir(REPO)  # scale_sim.yaml's env.py_modules is relative to the repository root
     logging.getLogger("ray.rllib").setLevel(logging.ERROR)
     info = machine_info()
