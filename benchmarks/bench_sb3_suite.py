@@ -158,7 +158,9 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
             steps = self.num_timesteps
             value = evaluate(self.model, job["env"], job["seed"], episodes)
             now = int(time.time() * 1000)  # when the return is known, as aa-ray's evaluations are logged
-            metrics = [Metric(m.EVAL_RETURN, value, now, steps), Metric(m.ENV_STEPS, steps, now, steps)]
+            # the learner's count as aa-ray's learner logs it: the report counts evaluations from the first update
+            metrics = [Metric(m.EVAL_RETURN, value, now, steps), Metric(m.ENV_STEPS, steps, now, steps),
+                       Metric(m.LEARNER_GRADIENT_UPDATES, float(self.model._n_updates), now, steps)]
             if self.phase_start is not None and steps > self.phase_start[1]:
                 rate = (steps - self.phase_start[1]) / (time.perf_counter() - self.phase_start[0])
                 metrics.append(Metric(m.ENV_STEPS_PER_S, rate, now, steps))
@@ -188,7 +190,10 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, help="only these seeds (default: the suite's)")
     parser.add_argument("--env-steps", type=int, help="a budget other than the cells' (a smoke test)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once (one core each)")
+    parser.add_argument("--smoke", action="store_true", help="the first cell alone, 400 env steps (what CI runs)")
     args = parser.parse_args()
+    if args.smoke:
+        args.env_steps = args.env_steps or 400
     suite = load_suite(args.suite)
     from aa_ray.spec.loader import flatten, validate_spec
     from aa_ray.tune.parent import absolute_paths
@@ -197,6 +202,7 @@ def main() -> None:
              and (not args.envs or cell["env"] in args.envs) and (args.seeds is None or cell["seed"] in args.seeds)]
     if not cells:
         raise SystemExit(f"the suite has no {args.spec_label!r} cells for those envs and seeds")
+    cells = cells[:1] if args.smoke else cells
     specs = [validate_spec(absolute_paths(cell["raw"])) for cell in cells]
     parent = open_parent(suite, suite_root(suite), specs[0])
     if parent is None:
