@@ -10,6 +10,7 @@ code versions side by side (alternate them; the ratio is what to read):
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -18,10 +19,10 @@ import torch
 
 BENCHMARKS = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHMARKS))
-from _common import random_transitions  # noqa: E402
+from _common import add_smoke, random_transitions  # noqa: E402
 
 import aa_ray  # noqa: E402
-from aa_ray.nets.policy import ObsDims  # noqa: E402
+from aa_ray.records import ObsDims  # noqa: E402
 from aa_ray.runtime.learner import Learner  # noqa: E402
 from aa_ray.runtime.replay import ReplayBuffer  # noqa: E402
 from aa_ray.spec.loader import load_spec  # noqa: E402
@@ -38,14 +39,18 @@ def best_ms(call, reps: int = 5) -> float:  # noqa: ANN001
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_smoke(parser)
+    args = parser.parse_args()
     torch.set_num_threads(1)
     spec = load_spec(BENCHMARKS / "scale_sim.yaml", [])
-    replay = ReplayBuffer(1_000_000, 17, 6, seed=0)
-    for _ in range(5):
-        replay.add(random_transitions(200_000, 17, 6))
+    rows, chunks, batches = (50_000, 1, (256,)) if args.smoke else (1_000_000, 5, (256, 8192))
+    replay = ReplayBuffer(rows, 17, 6, seed=0)
+    for _ in range(chunks):
+        replay.add(random_transitions(rows // chunks, 17, 6))
     learner = Learner(spec, ObsDims.of(17), 6, 0)
     print(f"# aa_ray from {Path(aa_ray.__file__).parent}")
-    for batch in (256, 8192):
+    for batch in batches:
         sample = replay.sample_for_learners(32, batch, 1)
         sample_ms = best_ms(lambda b=batch: replay.sample_for_learners(32, b, 1))
         update_ms = best_ms(lambda s=sample: learner.update([], s))

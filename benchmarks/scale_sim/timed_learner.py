@@ -28,8 +28,8 @@ from aa_ray.algos.contract import Health, TrainingSetup
 from aa_ray.algos.normalizers import RewardNormalizer
 from aa_ray.algos.registry import Registered
 from aa_ray.nets.mlp import MLPActor
-from aa_ray.nets.policy import ObsDims, SquashedGaussianPolicy
-from aa_ray.records import Batch
+from aa_ray.nets.policy import SquashedGaussianPolicy
+from aa_ray.records import Batch, ObsDims
 
 LEANRL_H100_SAC_UPDATE_S = 1.4e-3
 
