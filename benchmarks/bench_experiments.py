@@ -29,13 +29,15 @@ from aa_ray.runtime.trainer import Trainer  # noqa: E402
 from aa_ray.spec.loader import load_spec  # noqa: E402
 
 SOLVED = "budget.stop_at_eval_distance=0.05"
+SMOKE_RUN = ("runtime.backend=inline", "eval.episodes=1")
 
 
-def steps_to_solve(spec_file: str, seed: int, budget: int, eval_every: int, output_dir: str) -> int | None:
+def steps_to_solve(spec_file: str, seed: int, budget: int, eval_every: int, output_dir: str,
+                   extra: tuple[str, ...] = ()) -> int | None:
     spec = load_spec(SPECS / spec_file, [
         f"seed={seed}", f"budget.env_steps={budget}", SOLVED, f"eval.every_env_steps={eval_every}",
         "tracking.enabled=false", "checkpoint.save_replay=false", "checkpoint.every_env_steps=null",
-        f"runtime.output_dir={output_dir}",
+        f"runtime.output_dir={output_dir}", *extra,
     ])
     result = Trainer(spec, live=False).run()
     distances = [round(e["eval/distance"], 3) for e in result.evals]
@@ -51,9 +53,13 @@ def summarize(steps: list[int | None]) -> dict:
 
 
 def part_ppo(args) -> dict:
+    sac_budget, sac_eval, ppo_eval = (600, 300, args.ppo_budget) if args.smoke else (20_000, 1_000, 10_000)
+    extra = SMOKE_RUN if args.smoke else ()
     results = {
-        "sac": summarize([steps_to_solve("sac.yaml", s, 20_000, 1_000, args.output_dir) for s in range(args.seeds)]),
-        "ppo": summarize([steps_to_solve("ppo.yaml", s, args.ppo_budget, 10_000, args.output_dir)
+        "sac": summarize([steps_to_solve("sac.yaml", s, sac_budget, sac_eval, args.output_dir,
+                                         (*extra, "algo.warm_up_steps=200") if args.smoke else ())
+                          for s in range(args.seeds)]),
+        "ppo": summarize([steps_to_solve("ppo.yaml", s, args.ppo_budget, ppo_eval, args.output_dir, extra)
                           for s in range(args.seeds)]),
     }
     print_table(["algorithm", "steps to solve per seed", "median", "spread (min-max)"],
@@ -103,7 +109,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--ppo-budget", type=int, default=500_000)
     parser.add_argument("--output-dir", default="/tmp/aa_ray_bench_experiments")
-    run_part(parser.parse_args(), {"ppo": part_ppo, "pipeline": part_pipeline})
+    args = parser.parse_args()
+    if args.smoke:  # one seed of each, a few hundred env steps, in this process: the path, nothing solved
+        args.part, args.seeds, args.ppo_budget = "ppo", 1, 2048
+    run_part(args, {"ppo": part_ppo, "pipeline": part_pipeline})
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -210,8 +211,8 @@ def main() -> None:
 
     fill = next(i for i, s in enumerate(samples) if s["replay_size"] >= spec.algo.buffer_size)
     ckpt = max(i for i, s in enumerate(samples) if s["env_steps"] < spec.checkpoint.every_env_steps)
-    print(f"\n{len(samples)} samples over {wall:.0f} s; {result['env_steps']:,} env steps "
-          f"({result['env_steps'] / wall:.0f}/s), stop: {result['stop_reason']}, replay {result['replay_size']:,} "
+    print(f"\n{len(samples)} samples over {wall:.0f} s; {result.env_steps:,} env steps "
+          f"({result.env_steps / wall:.0f}/s), stop: {result.stop_reason}, replay {result.replay_size:,} "
           f"full at {samples[fill]['env_steps']:,} env steps; the run's actors were in this job ({job_id}): "
           f"{actor_jobs == {job_id}}; Ray still up after the run: {reused}")
     print(f"replay arrays: {spec.algo.buffer_size:,} rows x {row_bytes} B = {replay_mb:.2f} MB; checkpoint "
@@ -220,8 +221,9 @@ def main() -> None:
     per_record = (gcs[1] - gcs[0]) * MB / records if records else float("nan")
     print(f"task records the GCS holds after the run: {records} (Ray keeps at most {task_cap:,}); GCS RSS "
           f"{gcs[0]:.0f} -> {gcs[1]:.0f} MB over the run, {per_record:,.0f} B per task record")
-    results: dict[str, Any] = {"result": result, "wall_s": wall, "ray_reused": reused and actor_jobs == {job_id},
-                               "replay_array_mb": replay_mb, "fill_sample": fill, "checkpoint_sample": ckpt,
+    results: dict[str, Any] = {"result": asdict(result), "wall_s": wall,
+                               "ray_reused": reused and actor_jobs == {job_id}, "replay_array_mb": replay_mb,
+                               "fill_sample": fill, "checkpoint_sample": ckpt,
                                "gcs_task_records": records, "gcs_task_cap": task_cap,
                                "gcs_bytes_per_task_record": per_record}
     headers = ["process", "at fill MB", "at end MB", "growth MB", "growth %", "of it at checkpoint MB",

@@ -1,12 +1,14 @@
 """Run the benchmarks (each in its own process) and print a summary of their ratios.
 
 Run:  .venv/bin/python benchmarks/run_all.py      (about 20 minutes on a quiet 2-core machine)
+      .venv/bin/python benchmarks/run_all.py --smoke   (each one's smallest cell: the path, not results)
 Each benchmark's own output (its tables, per-repetition rates) is shown as it runs; the
 arguments used are printed so that any line of the summary can be reproduced alone.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -26,10 +28,14 @@ BENCHES = [
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="each benchmark's --smoke cell instead (what CI runs)")
+    smoke = parser.parse_args().smoke
     here = Path(__file__).resolve().parent
     results, failed = {}, []
     with tempfile.TemporaryDirectory(prefix="aa_ray_bench_all_") as tmp:
         for script, args in BENCHES:
+            args = ["--smoke"] if smoke else args
             out = Path(tmp) / f"{script}.json"
             command = [sys.executable, str(here / script), *args, "--json", str(out)]
             print(f"\n===== .venv/bin/python benchmarks/{script} {' '.join(args)}", flush=True)
@@ -49,6 +55,8 @@ def main() -> None:
             rows.append([f"  same, update only, vs reference with fused Adam, {dims}",
                          r["ratio_update_only_vs_fused_ref"]])
     if "bench_end_to_end.py" in results:
+        if not results["bench_end_to_end.py"]["sb3"]:
+            rows.append(["end-to-end against SB3: stable-baselines3 not installed (pip install -e '.[bench]')", "-"])
         for name, value in results["bench_end_to_end.py"]["ratios"].items():
             rows.append([f"end-to-end env steps/s, {name}", value])
     if "bench_tracking.py" in results:
