@@ -185,8 +185,8 @@ def test_rlpd_batches_are_prior_rows_then_online_rows_exactly_at_ratio(
     path = write_dataset(tmp_path / "prior.parquet", prior, pusher_meta())
     replay = ReplayBuffer(capacity=100, obs_dim=10, act_dim=2, seed=0)
     info = replay.load_prior(path, ratio=ratio, gamma=0.9, env_id=PUSHER)
-    assert info["rows"] == 40
-    np.testing.assert_allclose(info["obs"][1], prior[ds.OBS].mean(0), rtol=1e-5)
+    assert info.rows == 40
+    np.testing.assert_allclose(info.obs[1], prior[ds.OBS].mean(0), rtol=1e-5)
     replay.add(online_chunk(30))
 
     assert prior_rows(batch_size, ratio) == expected
