@@ -17,8 +17,9 @@ import yaml
 from aa_ray.algos.contexts import evaluating
 from aa_ray.algos.contract import Health, TrainingSetup, diagnostics_to_floats
 from aa_ray.algos.crossq import CrossQ
+from aa_ray.algos.losses import sac_actor_loss
 from aa_ray.algos.registry import ALGORITHMS, build_algorithm, migrate_old_knobs
-from aa_ray.metric_names import CRITIC_PRIOR_ONLINE_Q_GAP, CRITIC_PRIOR_Q, RLPD_DIAGNOSTICS
+from aa_ray.metric_names import ACTOR_LOSS, CRITIC_PRIOR_ONLINE_Q_GAP, CRITIC_PRIOR_Q, RLPD_DIAGNOSTICS
 from aa_ray.nets.distributional import expected_value
 from aa_ray.records import Batch, Rollout
 from aa_ray.spec.loader import validate_spec
@@ -144,6 +145,26 @@ def test_state_dict_round_trips_into_a_fresh_instance(name: str) -> None:
         assert actual[key] == value or (np.isnan(value) and np.isnan(actual[key])), key
     for (key, a), b in zip(algo.policy_state().items(), fresh.policy_state().values(), strict=True):
         assert torch.equal(a, b), key
+
+
+@pytest.mark.parametrize(("name", "actor_first"), [
+    ("sac", False), ("droq", False), ("sac_dist", False), ("sac_simba", True), ("sac_dist_simba", True)
+])
+def test_the_sac_orchestrator_steps_the_actor_where_the_variants_order_says(name: str, actor_first: bool) -> None:
+    """`sac_family.fleet_step`: SimbaV2's order steps the actor first, on the first batch, so its loss
+    is the one the untouched critics give; SAC's steps it after the critics, on the last batch, whose
+    critics have moved by then."""
+    algo = build(name)
+    merge_some_stats(algo)
+    parts, batch = algo.agent, off_policy_batch(utd=2)
+    with torch.no_grad():
+        same_noise = torch.Generator().set_state(parts.generator.get_state())
+        action, log_prob = parts.policy(batch.at(0).obs, same_noise)
+        q = parts.critic(parts.policy.obs_norm(batch.at(0).obs), action)
+        q = expected_value(q, parts.support) if parts.support is not None else q
+        untouched = float(sac_actor_loss(log_prob, q, parts.log_alpha.exp()))
+    actor_loss = float(algo.update(batch)[ACTOR_LOSS])
+    assert (actor_loss == pytest.approx(untouched, rel=1e-6)) == actor_first
 
 
 def test_each_config_names_its_family() -> None:
