@@ -17,6 +17,54 @@ torch.set_num_threads(1)
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 
+# Each of the two workers takes whole files from one queue, in this order (pyproject's addopts turn
+# off xdist's own, by tests per file, which put the files of one or two long learning runs last): a
+# long file started last keeps one core busy while the other has nothing left. The long ones (over
+# a minute on 2 cores, longest first) go first; the many short files after them even out the end.
+LONG_FILES_FIRST = [
+    "test_scale_out.py", "test_learning_rlpd.py", "test_tune.py", "test_learning.py", "test_suite.py",
+    "test_learning_crossq_droq.py", "test_run_and_tracking.py", "test_cluster.py", "test_plugins.py",
+    "test_suite_pipeline_resume.py", "test_api.py", "test_learning_fast_recipes.py", "test_learning_td3.py",
+    "test_learning_ppo.py", "test_learning_sac_dist.py", "test_sweep_resume.py", "test_observability.py",
+    "test_reliability.py", "test_node_loss.py", "test_user_envs.py", "test_datasets.py",
+]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONG_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
+
+
+@pytest.fixture(scope="module")
+def module_ray():
+    """One local Ray for a whole module whose tests run in this process and need no cluster of their
+    own: each run's `cluster.connect` joins it instead of starting one (on 2 cores a start took
+    5-10 s, and its idle workers more), and leaves it up for the next test. Six CPUs: room for the
+    largest of those runs' placement groups."""
+    import ray
+
+    from aa_ray.runtime.cluster import TASK_EVENTS_KEPT
+
+    ray.init(address="local", num_cpus=6, include_dashboard=False,
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}},
+             _system_config={"task_events_max_num_task_in_gcs": TASK_EVENTS_KEPT})
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def shared_ray(module_ray: None):
+    """The module's Ray (`module_ray`), with whatever a test left placed (a failed run's placement
+    group and actors) removed after it, so that one failure cannot starve the next test of CPUs."""
+    yield
+    from ray._raylet import PlacementGroupID
+    from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+
+    for group_id, group in placement_group_table().items():
+        if group["state"] != "REMOVED":
+            remove_placement_group(PlacementGroup(PlacementGroupID(bytes.fromhex(group_id))))
+
+
 @pytest.fixture(autouse=True)
 def isolated_workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
