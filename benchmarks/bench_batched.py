@@ -136,15 +136,18 @@ def main() -> None:
     parser.add_argument("--learn-at", type=int, default=4096, help="the env count of the `device learn` cell")
     parser.add_argument("--quick", action="store_true", help="256 envs, 2 repetitions: a smoke run for CI")
     args = parser.parse_args()
-    if args.quick or args.smoke:
+    if args.quick:
         args.envs, args.reps, args.learn_at = [256], 2, 256
+    if args.smoke:  # every cell once, 64 envs
+        args.envs, args.reps, args.learn_at = [64], 1, 64
     torch.set_num_threads(1)
     info = machine_info()
     print_machine(info)
     rows, results = [], {}
     for envs in args.envs:
         print(f"## {envs} envs", flush=True)
-        cells, extra = contenders(envs, learn=envs == args.learn_at, calls=2 if args.quick else None)
+        calls = 1 if args.smoke else 2 if args.quick else None
+        cells, extra = contenders(envs, learn=envs == args.learn_at, calls=calls)
         rates = alternate(cells, args.reps)
         results[envs] = {"rates": rates, **extra}
         for name, values in rates.items():

@@ -77,7 +77,7 @@ def main() -> None:
         "runtime.output_dir=/tmp/aa_ray_bench_envpool_score",
     ]
     if args.quick:
-        common += ["algo.warm_up_steps=128", "learners.compile=off"]
+        common += ["algo.warm_up_steps=128", "learners.compile=off", "eval.episodes=1"]
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in SOURCES}
     if not args.quick:  # untimed: the first run on a machine compiles the spec's update (Inductor caches it)
         timed_run(SPECS / args.spec, [*common, "budget.env_steps=6000", f"eval.every_env_steps={args.eval_every}"])
