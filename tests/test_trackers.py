@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import struct
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import wandb
 import yaml
 from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -42,12 +44,16 @@ TINY = [
 
 
 @pytest.fixture(autouse=True)
-def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """W&B records locally, and keeps its settings and caches out of the home folder."""
+def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """W&B records locally, and keeps its settings and caches out of the home folder. W&B reads the
+    environment once per process (its setup, kept until `wandb.teardown`): each test starts afresh."""
+    wandb.teardown()
     monkeypatch.setenv("WANDB_MODE", "offline")
     for variable in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
         monkeypatch.setenv(variable, str(tmp_path / "wandb-home"))
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    yield
+    wandb.teardown()
 
 
 def wandb_records(path: Path) -> list[wandb_internal_pb2.Record]:

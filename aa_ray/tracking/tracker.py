@@ -97,11 +97,6 @@ class Trackers:
         """The MLflow run, where the spec names it (models and datasets are logged there only)."""
         return self.by_backend.get("mlflow")  # type: ignore[return-value]
 
-    @property
-    def url(self) -> str | None:
-        """The first backend's page that has one (MLflow's, where it is tracked)."""
-        return next((tracker.url for tracker in self.by_backend.values() if tracker.url), None)
-
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         for tracker in self.by_backend.values():
             tracker.log_metrics(metrics, step)
