@@ -133,7 +133,7 @@ class Experiment:
         from aa_ray.runtime.trainer import Trainer
 
         tracked = self.spec.tracking.enabled if track is None else track
-        problem = job_tracking_problem(tracked)
+        problem = job_tracking_problem(tracked and "mlflow" in self.spec.tracking.backends)
         if problem:
             raise SpecError(problem)
         checkpoint = load_checkpoint(resume) if resume is not None else None  # checked against the spec in run()
