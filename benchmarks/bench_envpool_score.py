@@ -5,7 +5,8 @@ where the env copies come from: `runners.kind: vector` (E gymnasium copies in a 
 aa-ray ran before batched envs) and `env.batched: envpool` (EnvPool's C++ pool of the same task, one
 thread, `runners.kind: batched`). Each evaluation is stamped with the wall-clock seconds since the run
 started (an API callback), after an untimed run that pays the spec's compile; reported per run:
-minutes to the first evaluation at or above `--target`, the return at the budget, and the whole run's
+minutes to `--target` as `aa-ray report` counts them (from the first evaluation after a gradient
+update, held by the median of it and the next two), the return at the budget, and the whole run's
 minutes. The learner's work is the same on both sides,
 so the ratio says how much of a run's time the env path is.
 
@@ -22,13 +23,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 BENCHMARKS = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHMARKS))
 
 from _common import SPECS, base_parser, command_line, machine_info, print_machine, print_table, write_json  # noqa: E402
 
+from aa_ray import metric_names as m  # noqa: E402
 from aa_ray.api import Experiment  # noqa: E402
 from aa_ray.spec.loader import load_spec  # noqa: E402
+from aa_ray.tracking.curves import Curve, reached  # noqa: E402
 
 SOURCES = {
     "vector (today's runner)": ["runners.kind=vector"],
@@ -37,21 +42,27 @@ SOURCES = {
 
 
 def timed_run(spec_file: Path, overrides: list[str]) -> dict[str, Any]:
-    """One run; each evaluation's (env steps, return, seconds since the start)."""
+    """One run; each evaluation's (env steps, return, seconds since the start, gradient updates so far)."""
     spec = load_spec(spec_file, overrides)
-    stamps: list[tuple[int, float, float]] = []
+    stamps: list[tuple[int, float, float, float]] = []
     start = time.perf_counter()
 
     def stamp(report: Any) -> None:
         if "eval/return" in report.metrics and not report.final:  # an evaluation's report (not a checkpoint's)
-            stamps.append((report.env_steps, report.metrics["eval/return"], time.perf_counter() - start))
+            stamps.append((report.env_steps, report.metrics["eval/return"], time.perf_counter() - start,
+                           report.metrics.get(m.LEARNER_GRADIENT_UPDATES, 0.0)))
 
     result = Experiment(spec).fit(callbacks=[stamp])
     return {"evals": stamps, "seconds": time.perf_counter() - start, "env_steps": result.env_steps}
 
 
-def minutes_to(evals: list[tuple[int, float, float]], target: float) -> float | None:
-    return next((seconds / 60 for _, value, seconds in evals if value >= target), None)
+def minutes_to(evals: list[tuple[int, float, float, float]], target: float) -> float | None:
+    """`aa-ray report`'s rule (`curves.reached`): from the first evaluation after a gradient update,
+    the first whose median with the next two is at or above the target."""
+    learned = [steps for steps, _, _, updates in evals if updates > 0]
+    curve = Curve("", np.array([e[0] for e in evals], float), np.array([e[2] for e in evals]),
+                  np.array([e[1] for e in evals]), learning_from=min(learned, default=float("inf")))
+    return reached(curve, target, "minutes")
 
 
 def main() -> None:
