@@ -43,7 +43,8 @@ def main() -> None:
     add_smoke(parser)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    spec = load_spec(BENCHMARKS / "scale_sim.yaml", [])
+    # the spec names its env package relative to the repository root: given absolutely, any folder runs it
+    spec = load_spec(BENCHMARKS / "scale_sim.yaml", [f"env.py_modules=[{BENCHMARKS / 'scale_sim'}]"])
     rows, chunks, batches = (50_000, 1, (256,)) if args.smoke else (1_000_000, 5, (256, 8192))
     replay = ReplayBuffer(rows, 17, 6, seed=0)
     for _ in range(chunks):
