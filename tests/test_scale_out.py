@@ -30,11 +30,8 @@ def spec(*overrides: str, file: str = "sac.yaml"):
     return load_spec(SPECS / file, ["tracking.enabled=false", "checkpoint.save_replay=false", *overrides])
 
 
-@pytest.fixture
-def local_ray():
-    ray.init(address="local", num_cpus=6, include_dashboard=False, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
-    yield
-    ray.shutdown()
+# One local Ray (6 CPUs) for every test here: each Trainer joins it rather than starting its own.
+pytestmark = pytest.mark.usefixtures("shared_ray")
 
 
 def fixed_batches(
@@ -62,7 +59,7 @@ SMALL_NETS = {  # spec file -> smaller networks, same algorithm (BEE's V, C51, S
 
 
 @pytest.mark.parametrize("algo_file", SMALL_NETS)
-def test_two_gloo_learners_stay_identical_and_match_one_learner(local_ray: None, algo_file: str) -> None:
+def test_two_gloo_learners_stay_identical_and_match_one_learner(algo_file: str) -> None:
     """Two DDP learners, each fed half of every global batch, end with identical models, equal
     (within float tolerance) to one learner fed the whole batches: gradient averaging, the
     explicitly synchronized normalizers and the sharded sampling noise all line up, in every
@@ -222,7 +219,7 @@ def test_a_killed_learner_past_the_restart_limit_ends_the_run_naming_the_last_ch
     assert load_checkpoint(checkpoint).driver.counters.env_steps >= 500  # usable: it loads
 
 
-def test_more_cpus_than_the_cluster_has_fails_fast_naming_cpu(local_ray: None) -> None:
+def test_more_cpus_than_the_cluster_has_fails_fast_naming_cpu() -> None:
     """On a running cluster (6 CPUs here) a spec needing more fails in seconds, naming CPU.
     (An embedded local Ray is sized to the spec instead: Ray accepts more CPUs than cores.)"""
     s = spec(*SMALL_SAC, "learners.num_learners=2", "learners.cpus_per_learner=4")
