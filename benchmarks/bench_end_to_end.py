@@ -64,6 +64,8 @@ def breakdown(name: str, phase: dict[str, float], updates_per_iter: int) -> floa
         "ms_per_update_in_learner": 1000 * phase["update_s"] / (iters * updates_per_iter),
         "ms_per_iter_outside_learner": 1000 * (phase["seconds"] - phase["update_s"]) / iters,
         "ms_per_iter": 1000 * phase["seconds"] / iters,
+        # this process's CPU: all of an inline run's work (its evaluation's few ms included), a Ray run's driver only
+        "steps_per_cpu_s": phase["steps"] / phase["driver_cpu_s"],
     })
     return phase["steps_per_s"]
 
@@ -86,6 +88,7 @@ def run_sb3(budget: int, warm_up: int, seed: int = 0) -> float:
         def _on_step(self) -> bool:
             if self.start is None and self.num_timesteps >= warm_up:
                 self.start = (time.perf_counter(), self.num_timesteps)
+                self.cpu_start = time.process_time()
             return True
 
     model = SAC(
@@ -96,9 +99,11 @@ def run_sb3(budget: int, warm_up: int, seed: int = 0) -> float:
     torch.set_num_threads(1)
     callback = Stamp()
     model.learn(total_timesteps=budget, callback=callback)
-    end = time.perf_counter()
+    end, cpu_end = time.perf_counter(), time.process_time()
     t0, s0 = callback.start
-    return (model.num_timesteps - s0) / (end - t0)
+    steps = model.num_timesteps - s0
+    DETAILS.setdefault("SB3 SAC", []).append({"steps_per_cpu_s": steps / (cpu_end - callback.cpu_start)})
+    return steps / (end - t0)
 
 
 def main() -> None:
@@ -156,14 +161,17 @@ def main() -> None:
     rates = alternate(contenders, args.reps)
 
     def detail(name: str, key: str) -> float | str:
-        return statistics.median(d[key] for d in DETAILS[name]) if name in DETAILS else "-"
+        known = [d[key] for d in DETAILS.get(name, []) if key in d]
+        return statistics.median(known) if known else "-"
 
     print("\nenv steps/s, learning phase (median over reps); time per learner iteration: inside")
     print("Learner.update (as the learner times it) and the rest (acting/env, replay, Ray calls, weights)")
     print_table(
-        ["contender", "env steps/s", "min", "max", "ms/iter", "ms/update in learner", "ms/iter outside learner"],
+        ["contender", "env steps/s", "min", "max", "ms/iter", "ms/update in learner", "ms/iter outside learner",
+         "env steps per CPU-s (this process)"],
         [[n, statistics.median(rates[n]), min(rates[n]), max(rates[n]), detail(n, "ms_per_iter"),
-          detail(n, "ms_per_update_in_learner"), detail(n, "ms_per_iter_outside_learner")] for n in names],
+          detail(n, "ms_per_update_in_learner"), detail(n, "ms_per_iter_outside_learner"),
+          detail(n, "steps_per_cpu_s")] for n in names],
     )
     def ratio(num: str, den: str) -> float | None:  # None: a contender left out (--smoke, no SB3)
         return median_ratio(rates, num, den) if num in rates and den in rates else None
@@ -180,6 +188,11 @@ def main() -> None:
             f"aa-ray inline te=1 / inline te={te}": ratio(noray1, noray16),
             "aa-ray Ray te=1 / inline te=1": ratio(ray1, noray1),
         })
+    if noray16 in DETAILS and "SB3 SAC" in DETAILS:
+        # CPU time drifts far less than wall time on a shared machine: the in-process contenders' work per env step
+        ours, theirs = DETAILS[noray16], DETAILS["SB3 SAC"]
+        ratios[f"aa-ray inline te={te} / SB3, env steps per CPU-second"] = statistics.median(
+            a["steps_per_cpu_s"] / b["steps_per_cpu_s"] for a, b in zip(ours, theirs, strict=True))
     ratios = {name: value for name, value in ratios.items() if value is not None}
     print("\nratios (median of per-rep ratios)")
     print_table(["ratio", "value"], [[k, v] for k, v in ratios.items()])
