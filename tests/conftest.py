@@ -22,7 +22,8 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 # long file started last keeps one core busy while the other has nothing left. The long ones (over
 # a minute on 2 cores, longest first) go first; the many short files after them even out the end.
 LONG_FILES_FIRST = [
-    "test_scale_out.py", "test_learning_rlpd.py", "test_tune.py", "test_learning.py", "test_suite.py",
+    "test_benchmarks_run.py", "test_scale_out.py", "test_learning_rlpd.py", "test_tune.py", "test_learning.py",
+    "test_suite.py",
     "test_learning_crossq_droq.py", "test_run_and_tracking.py", "test_cluster.py", "test_plugins.py",
     "test_suite_pipeline_resume.py", "test_api.py", "test_learning_fast_recipes.py", "test_learning_td3.py",
     "test_learning_ppo.py", "test_learning_sac_dist.py", "test_sweep_resume.py", "test_observability.py",
