@@ -87,7 +87,7 @@ def train_trial(config: dict[str, Any], on_finished: Callable[[dict[str, float]]
     elif config.get("resume_from"):  # a suite's run that an interrupted invocation left behind
         resume = load_checkpoint(config["resume_from"])
     if resume is not None:
-        print(f"trial {context.get_trial_name()}: resuming from {resume['counters']['env_steps']:,} env steps")
+        print(f"trial {context.get_trial_name()}: resuming from {resume.driver.counters.env_steps:,} env steps")
 
     latest: dict[str, float] = {}  # every metric's newest value: Tune wants the sweep metric in every result
 
