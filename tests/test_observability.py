@@ -98,6 +98,7 @@ def test_report_draws_the_stored_curves(tmp_path: Path) -> None:
     from PIL import Image
 
     from aa_ray import cli
+    from aa_ray.tracking.curves import load_curve
     from aa_ray.tracking.mlflow_tracker import RunContext
     from aa_ray.tune.parent import ParentRun
 
@@ -136,6 +137,12 @@ def test_report_draws_the_stored_curves(tmp_path: Path) -> None:
     assert group["env_steps"]["low"][-1] == min(finals) and group["env_steps"]["high"][-1] == max(finals)
     logged = {a.path for a in client.list_artifacts(parent.run_id, "report")}
     assert logged == {"report/report.png", "report/report.html", "report/summary.json"}
+    # the report's "to reach X" starts where the learner's count, as the driver logged it, first rose:
+    # once the 200 warm-up steps are stored (an iteration or two past them), after the evaluation at 200
+    for run_id in group["runs"]:
+        curve = load_curve(client, client.get_run(run_id), "eval/return")
+        assert 200 <= curve.learning_from <= 200 + 2 * spec.algo.train_every
+        assert curve.steps[0] < curve.learning_from
 
 
 # a small SAC run on pusher-reach that evaluates twice or more
