@@ -6,7 +6,9 @@ The W&B client queues and sends in a process of its own, with its own retries: M
 its outage guarantees (`outbox.py`) do not cover it. A run of a sweep, suite or pipeline is in the
 W&B group named after it. A resumed run continues the same W&B run (same id, `resume="allow"`); W&B
 keeps a step only once, so the steps the interrupted attempt logged past its checkpoint are not
-logged again (MLflow and TensorBoard keep both, as the `run/resumed_at` metric marks).
+logged again (MLflow and TensorBoard keep both, as the `run/resumed_at` metric marks). A Tune trial
+retried before its first checkpoint has no W&B id to continue: it starts a second W&B run in the
+group (MLflow finds its run by the trial's tags instead).
 
 The API key is W&B's to read (WANDB_API_KEY, or `wandb login`); aa-ray never reads, shows nor logs it.
 """
