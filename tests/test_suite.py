@@ -34,8 +34,11 @@ from aa_ray.tune.specs import load_suite
 
 ROOT = Path(__file__).resolve().parents[1]
 PUSHER, PENDULUM = "aa_ray/PusherReach-v0", "Pendulum-v1"
+# each cell's actors in its trial's own process (as tests/test_sweep_resume.py's): three fewer processes
+# to start per cell on a busy machine; the Ray actors of a Tune trial are test_tune.py's pipeline's
 TINY = {"algo.actor_hidden_dims": [32, 32], "algo.critic_hidden_dims": [32, 32], "algo.batch_size": 64,
-        "algo.warm_up_steps": 200, "algo.buffer_size": 5000, "checkpoint.every_env_steps": 300}
+        "algo.warm_up_steps": 200, "algo.buffer_size": 5000, "checkpoint.every_env_steps": 300,
+        "runtime.backend": "inline"}
 # markers at 300 env steps (an evaluation step of every run) and the normalization constants
 REFERENCES = {
     "normalization": {"Pendulum": {"random": -1500.0, "reference": -150.0, "source": "test"}},
