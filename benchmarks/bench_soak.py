@@ -161,8 +161,10 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the machine, results and raw samples here")
     add_smoke(parser)
     args = parser.parse_args()
-    if args.smoke:  # one runner, a replay that fills in seconds, samples twice a second
-        args.env_steps, args.buffer_size, args.runners, args.envs, args.interval = 3000, 500, 1, 1, 0.5
+    settle_s = 5.0  # for the processes' memory to settle before a sample
+    if args.smoke:  # one runner, a replay that fills in seconds, a sample a second
+        args.env_steps, args.buffer_size, args.runners, args.envs, args.interval = 1500, 300, 1, 1, 1.0
+        settle_s = 1.0
     info = machine_info()
     print_machine(info)
     print(f"# command: {command_line()}", flush=True)
@@ -199,13 +201,13 @@ def main() -> None:
     wall = time.perf_counter() - start
     reused = ray.is_initialized()  # a Ray the Trainer had started itself would be shut down by now
     actor_jobs = {a.job_id for a in list_actors(address, raise_on_missing_output=False)}
-    time.sleep(5)
+    time.sleep(settle_s)
     after_run = sample(address, trainer, start)
     records = gcs_task_records(address)  # once, at the end: listing them makes the GCS allocate
     task_cap = ray._config.task_events_max_num_task_in_gcs()  # Ray's bound on the task records the GCS keeps
     del trainer
     gc.collect()
-    time.sleep(5)
+    time.sleep(settle_s)
     after_del = sample(address, None, start)
     ray.shutdown()
 
