@@ -48,8 +48,8 @@ def children(client: MlflowClient, parent_id: str) -> list:
 
 def kill_a_trial_once_two_trials_checkpointed(stop: threading.Event, killed: list[int]) -> None:
     """Chaos for the sweep: once both running trials have written two checkpoints (so Tune has been
-    handed the first) and neither has finished, SIGKILL one trial's own process (its driver; its
-    actors die with it), as a crashed machine would. (A trial whose learner dies recovers inside
+    handed the first) and neither has finished, SIGKILL one trial's own process (the whole trial:
+    its actors run inline in it), as a crashed machine would. (A trial whose learner dies recovers inside
     the trial: test_reliability.py.)"""
     while not stop.is_set():
         trials = [d for d in Path.cwd().glob("runs/sweep-*/*") if (d / "checkpoints").is_dir()]
@@ -73,8 +73,10 @@ def test_sweep_grid_with_a_killed_trial(tmp_path: Path, capfd: pytest.CaptureFix
     colour codes; each trial's progress is in its own log."""
     sweep_file = write(tmp_path / "sweep.yaml", {
         "name": "utd_bee_tiny", "base": str(SPECS / "sac_bee.yaml"),
-        # the first checkpoint (400) comes before the first evaluation (500): its report still has the metric
-        "set": {**TINY_SAC, "budget.env_steps": 1500, "checkpoint.every_env_steps": 400},
+        # the first checkpoint (400) comes before the first evaluation (500): its report still has the metric;
+        # each trial's actors in its own process, so the kill takes the whole trial (the Ray actors of
+        # a Tune trial: test_pipeline_ppo_rollout_rlpd_then_reuse, test_suite.py)
+        "set": {**TINY_SAC, "budget.env_steps": 1500, "checkpoint.every_env_steps": 400, "runtime.backend": "inline"},
         "search_space": {"algo.utd_ratio": {"grid": [1, 2]}, "algo.bee_lambda": {"grid": [0.25, 0.5]}},
         "metric": "eval/distance", "mode": "min", "max_concurrent_trials": 2, "max_failures": 1,
     })
@@ -205,7 +207,8 @@ def test_a_failing_stage_stops_the_pipeline_and_keeps_earlier_outputs(tmp_path: 
     pipeline_file = write(tmp_path / "pipeline.yaml", {"name": "broken", "stages": {
         "demos": {"kind": "rollout", "scripted": True, "spec": str(SPECS / "rlpd.yaml"), "episodes": 2},
         "train": {"kind": "train", "spec": str(SPECS / "rlpd.yaml"), "inputs": {"algo.prior_data": "demos.dataset"},
-                  "set": {**TINY_SAC, "env.kwargs": {"no_such_argument": 1}}},
+                  # in the trial's process: the env's error reaches the pipeline the same way, sooner
+                  "set": {**TINY_SAC, "env.kwargs": {"no_such_argument": 1}, "runtime.backend": "inline"}},
     }})
     """The failed stage is named, the completed one keeps its output and is reused by the next
     invocation (which fails at the same stage again); --force reruns it."""
