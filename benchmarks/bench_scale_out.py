@@ -148,6 +148,7 @@ def part_async(args) -> dict:
                 f"runtime.mode={mode}", f"budget.env_steps={args.env_steps}", "runners.num_runners=2",
                 "tracking.enabled=false", "checkpoint.save_replay=false", "checkpoint.every_env_steps=null",
                 f"eval.every_env_steps={args.env_steps}", "runtime.output_dir=/tmp/aa_ray_bench_scale_out",
+                *(["algo.warm_up_steps=200"] if args.smoke else []),  # the spec's 1000 is above the smoke budget
             ],
         )
         start = time.perf_counter()
