@@ -29,7 +29,7 @@ def aa_ray(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """One short Pendulum run through the CLI, then a resume that extends its budget."""
+    """One short Pendulum run through the CLI on Ray, then a resume (inline) that extends its budget."""
     workdir = tmp_path_factory.mktemp("cli")
     old, old_uri = os.getcwd(), os.environ.get("MLFLOW_TRACKING_URI")
     os.chdir(workdir)
@@ -55,6 +55,9 @@ def short_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
             "--plain",
             "--set",
             "budget.env_steps=3000",
+            # inline (no Ray to start): what is checked of the resume is its place in MLflow
+            "--set",
+            "runtime.backend=inline",
             "--resume",
             str(run_dir / "checkpoints" / "final"),
         )
