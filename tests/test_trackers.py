@@ -25,7 +25,7 @@ from aa_ray.runtime.checkpoint import load_checkpoint
 from aa_ray.runtime.trainer import Trainer
 from aa_ray.spec.loader import load_spec
 from aa_ray.tracking.mlflow_tracker import PARENT_TAG
-from aa_ray.tracking.tracker import open_trackers
+from aa_ray.tracking.trackers import open_trackers
 from aa_ray.tracking.wandb_tracker import WandbError
 from aa_ray.tune.parent import ParentRun, trial_tracking
 from aa_ray.tune.specs import load_sweep

@@ -1,5 +1,5 @@
 """What a run leaves for people: its tracked run in each of `tracking.backends` (MLflow, TensorBoard,
-W&B: metrics and artifacts, through `tracking.tracker`), the events in its
+W&B: metrics and artifacts, through `tracking.trackers`), the events in its
 `events.jsonl`, the lines of its progress display, its evaluation videos and its trace. The trainer
 decides what happened; this room says it, in each place it belongs.
 
@@ -45,7 +45,8 @@ if TYPE_CHECKING:
 
     from aa_ray.tracking.mlflow_tracker import MlflowTracker
     from aa_ray.tracking.models import ModelUpload
-    from aa_ray.tracking.tracker import RunContext, Trackers, TrackingRuns
+    from aa_ray.tracking.tracker import RunContext, TrackingRuns
+    from aa_ray.tracking.trackers import Trackers
 
 FINAL_CHECKPOINT = "final"  # the checkpoint of a run's end (a preempted run's last one is not: it resumes)
 MODELS_FOLDER = "models"  # in the run folder: each logged MLflow model, also when the store never got it
@@ -123,7 +124,7 @@ class RunRecord:
         resume) and log the spec into it."""
         if not self.track:
             return
-        from aa_ray.tracking.tracker import open_trackers  # an untracked run imports no backend
+        from aa_ray.tracking.trackers import open_trackers  # an untracked run imports no backend
 
         self.tracker = open_trackers(self.spec, self.run_dir, runs, self.context)
         self.run_dir.mkdir(parents=True, exist_ok=True)
