@@ -284,14 +284,14 @@ def test_checkpoint_round_trip_restores_parameters_and_optimizers(tmp_path: Path
 
     for name in ("policy", "critic", "critic_target", "reward_norm"):
         for (k, a), (_, b) in zip(
-            getattr(learner.algo, name).state_dict().items(),
-            getattr(restored.algo, name).state_dict().items(),
+            getattr(learner.algo.agent, name).state_dict().items(),
+            getattr(restored.algo.agent, name).state_dict().items(),
             strict=True,
         ):
             assert torch.equal(a, b), f"{name}.{k}"
     for name in ("actor_step", "critic_step", "alpha_step"):
-        saved = getattr(learner.algo, name).optimizer.state_dict()
-        loaded = getattr(restored.algo, name).optimizer.state_dict()
+        saved = getattr(learner.algo.agent, name).optimizer.state_dict()
+        loaded = getattr(restored.algo.agent, name).optimizer.state_dict()
         for key, slot in saved["state"].items():
             for field, value in slot.items():
                 assert torch.equal(torch.as_tensor(value), torch.as_tensor(loaded["state"][key][field])), (name, field)
