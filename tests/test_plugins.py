@@ -62,7 +62,10 @@ def test_own_algorithm_trains_inline_resumes_on_ray_and_sweeps(project: Path) ->
 
     (project / "sweep.yaml").write_text(yaml.safe_dump({
         "name": "own_algo", "base": "spec.yaml", "metric": "eval/return", "mode": "max",
-        "set": {"budget.env_steps": 1000, "eval.every_env_steps": 1000, "algo.warm_up_steps": 300},
+        # each trial's actors in its own process (a Ray worker, which imports the plugin from
+        # env.py_modules as the resumed run's runners did), three fewer processes per trial to start
+        "set": {"budget.env_steps": 1000, "eval.every_env_steps": 1000, "algo.warm_up_steps": 300,
+                "runtime.backend": "inline"},
         "search_space": {"algo.alpha": {"grid": [0.02, 0.05]}}, "max_concurrent_trials": 2,
     }))
     sweep = aa_ray("sweep", "sweep.yaml", cwd=project)
