@@ -86,7 +86,7 @@ def train_trial(config: dict[str, Any], on_finished: Callable[[dict[str, float]]
         resume = load_checkpoint(checkpoint.to_directory())
     elif config.get("resume_from"):  # a suite's run that an interrupted invocation left behind
         resume = load_checkpoint(config["resume_from"])
-    if resume is not None:
+    if resume is not None and resume.driver is not None:  # one without counters is refused by verify_resume
         print(f"trial {context.get_trial_name()}: resuming from {resume.driver.counters.env_steps:,} env steps")
 
     latest: dict[str, float] = {}  # every metric's newest value: Tune wants the sweep metric in every result
