@@ -23,11 +23,10 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 # a minute on 2 cores, longest first) go first; the many short files after them even out the end.
 LONG_FILES_FIRST = [
     "test_benchmarks_run.py", "test_scale_out.py", "test_learning_rlpd.py", "test_tune.py", "test_learning.py",
-    "test_suite.py",
-    "test_learning_crossq_droq.py", "test_run_and_tracking.py", "test_cluster.py", "test_plugins.py",
-    "test_suite_pipeline_resume.py", "test_api.py", "test_learning_fast_recipes.py", "test_learning_td3.py",
-    "test_learning_ppo.py", "test_learning_sac_dist.py", "test_sweep_resume.py", "test_observability.py",
-    "test_reliability.py", "test_node_loss.py", "test_user_envs.py", "test_datasets.py",
+    "test_suite.py", "test_learning_crossq_droq.py", "test_run_and_tracking.py", "test_cluster.py",
+    "test_plugins.py", "test_suite_pipeline_resume.py", "test_api.py", "test_learning_fast_recipes.py",
+    "test_learning_td3.py", "test_learning_ppo.py", "test_learning_sac_dist.py", "test_sweep_resume.py",
+    "test_observability.py", "test_reliability.py", "test_node_loss.py", "test_user_envs.py", "test_datasets.py",
 ]
 
 
@@ -39,8 +38,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="module")
 def module_ray():
     """One local Ray for a whole module whose tests run in this process and need no cluster of their
-    own: each run's `cluster.connect` joins it instead of starting one (on 2 cores a start took
-    5-10 s, and its idle workers more), and leaves it up for the next test. Six CPUs: room for the
+    own: each run's `cluster.connect` joins it instead of starting one (a start took 10 s on this
+    2-core machine, 20 s while it was busy), and leaves it up for the next test. Six CPUs: room for the
     largest of those runs' placement groups."""
     import ray
 
