@@ -95,7 +95,7 @@ def fmt(value: Any) -> str:
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     cells = [[fmt(v) for v in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
     line = "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |"
     print(line)
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
