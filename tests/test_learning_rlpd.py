@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from learning_runs import SPECS, train
 
+from aa_ray.envs import env_dims
+from aa_ray.records import Transitions
 from aa_ray.rollout.job import rollout
+from aa_ray.runtime.replay import ReplayBuffer
 from aa_ray.spec.loader import load_spec
 
 BUDGET = 20_000
@@ -42,20 +46,38 @@ def sac_steps() -> int:
     return steps
 
 
-# the same claim whichever format the scripted dataset is written in (Minari: read with `minari`)
-@pytest.mark.parametrize("dataset_format", ["parquet", "minari"])
-def test_rlpd_solves_pusher_reach_in_at_most_half_the_online_steps_of_sac(
-    tmp_path: Path, sac_steps: int, dataset_format: str
-) -> None:
-    out = tmp_path / ("pusher_reach_scripted.parquet" if dataset_format == "parquet" else "minari")
-    summary = rollout(load_spec(SPECS / "rlpd.yaml"), out, 50, scripted=True, report=lambda line: None,
-                      dataset_format=dataset_format)
+def scripted_dataset(out: Path, dataset_format: str) -> str:
+    """50 episodes of the scripted controller (in this process) as `dataset_format`; its path."""
+    summary = rollout(load_spec(SPECS / "rlpd.yaml", ["runtime.backend=inline"]), out, 50, scripted=True,
+                      report=lambda line: None, dataset_format=dataset_format)
     assert summary["transitions"] == 50 * 50 and summary["mean_distance"] < 1e-3 and summary["mean_success"] == 1.0
+    return summary["path"]
 
-    rlpd_steps, rlpd_distances = steps_to_solve("rlpd.yaml", f"algo.prior_data={summary['path']}")
+
+def prior_buffer(path: str) -> Transitions:
+    """What RLPD's replay holds as prior data after loading the dataset at `path`."""
+    spec = load_spec(SPECS / "rlpd.yaml", [f"algo.prior_data={path}"])
+    obs, act_dim = env_dims(spec)
+    replay = ReplayBuffer(1, obs.full, act_dim, seed=spec.seed)
+    replay.load_prior(path, spec.algo.prior_data_ratio, spec.algo.gamma, spec.env.id)
+    assert replay.prior is not None
+    return replay.prior.storage
+
+
+def test_rlpd_solves_pusher_reach_in_at_most_half_the_online_steps_of_sac(tmp_path: Path, sac_steps: int) -> None:
+    """The same claim whichever format the scripted dataset is written in (Minari: read with
+    `minari`): the Minari copy fills RLPD's prior buffer with the Parquet copy's rows, so the one
+    run from the Parquet copy measures both."""
+    parquet = scripted_dataset(tmp_path / "pusher_reach_scripted.parquet", "parquet")
+    minari = scripted_dataset(tmp_path / "minari", "minari")
+    from_parquet, from_minari = prior_buffer(parquet), prior_buffer(minari)
+    for field in Transitions._fields:
+        np.testing.assert_allclose(getattr(from_minari, field), getattr(from_parquet, field), atol=1e-6,
+                                   err_msg=field)
+
+    rlpd_steps, rlpd_distances = steps_to_solve("rlpd.yaml", f"algo.prior_data={parquet}")
     assert rlpd_steps <= BUDGET, f"RLPD did not solve pusher-reach; eval distances {rlpd_distances}"
-    print(f"RLPD ({dataset_format}): {rlpd_steps} env steps (eval distances {rlpd_distances}); "
-          f"ratio {rlpd_steps / sac_steps:.2f}")
+    print(f"RLPD: {rlpd_steps} env steps (eval distances {rlpd_distances}); ratio {rlpd_steps / sac_steps:.2f}")
     assert 2 * rlpd_steps <= sac_steps, f"RLPD needed {rlpd_steps} online env steps, SAC {sac_steps}"
 
 
