@@ -124,7 +124,9 @@ def sampler(
 
 
 def mean_at(sample: dict, names: list[str], key: str) -> float:
-    return float(np.mean([sample["procs"][name][key] for name in names]))
+    """The mean over the processes this sample caught (psutil can miss one for a moment); nan if none."""
+    values = [sample["procs"][name][key] for name in names if name in sample["procs"]]
+    return float(np.mean(values)) if values else float("nan")
 
 
 def memory_rows(samples: list[dict], fill: int, ckpt: int, key: str) -> list[list[Any]]:
@@ -140,8 +142,9 @@ def memory_rows(samples: list[dict], fill: int, ckpt: int, key: str) -> list[lis
     for kind, names in kinds.items():
         at_fill, at_end = mean_at(samples[fill], names, key), mean_at(samples[-1], names, key)
         step = mean_at(samples[ckpt + 2], names, key) - mean_at(samples[ckpt], names, key)
-        tail = samples[ckpt + 2 :]
-        slope = np.polyfit([s["env_steps"] for s in tail], [mean_at(s, names, key) for s in tail], 1)[0]
+        tail = [(s["env_steps"], mean_at(s, names, key)) for s in samples[ckpt + 2 :]]
+        tail = [(steps, value) for steps, value in tail if np.isfinite(value)]
+        slope = np.polyfit(*zip(*tail, strict=True), 1)[0] if len(tail) > 1 else float("nan")
         peak = max(s["procs"][n][key] for s in samples for n in names if n in s["procs"])
         growth = at_end - at_fill
         rows.append([f"{kind} x{len(names)}", at_fill, at_end, growth, 100 * growth / at_fill, step,
