@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from aa_ray.records import RunOutcome
 from aa_ray.runtime.trainer import Trainer
 from aa_ray.spec.loader import load_spec
 
@@ -17,6 +18,6 @@ SPECS = Path(__file__).resolve().parents[1] / "specs"
 IN_PROCESS = ["tracking.enabled=false", "checkpoint.save_replay=false", "runtime.backend=inline"]
 
 
-def train(spec_file: str, *overrides: str) -> dict:
+def train(spec_file: str, *overrides: str) -> RunOutcome:
     """Run `specs/<spec_file>` with `overrides` inline, untracked; the trainer's result."""
     return Trainer(load_spec(SPECS / spec_file, [*IN_PROCESS, *overrides]), live=False).run()

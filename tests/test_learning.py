@@ -16,7 +16,7 @@ def test_sac_simba_solves_pusher_reach() -> None:
     result = train("sac_simba.yaml", "budget.stop_at_eval_distance=0.05")
     distances = [e["eval/distance"] for e in result.evals]
     assert result.stop_reason == "target reached", f"eval distances: {distances}"
-    print(f"sac_simba solved pusher-reach at {result['env_steps']} env steps; eval distances {distances}")
+    print(f"sac_simba solved pusher-reach at {result.env_steps} env steps; eval distances {distances}")
 
 
 def test_asymmetric_critic_solves_grouped_pusher_reach() -> None:
@@ -25,7 +25,7 @@ def test_asymmetric_critic_solves_grouped_pusher_reach() -> None:
     result = train("sac_simba_grouped.yaml")
     distances = [e["eval/distance"] for e in result.evals]
     assert result.stop_reason == "target reached", f"eval distances: {distances}"
-    print(f"the asymmetric critic solved grouped pusher-reach at {result['env_steps']} env steps; {distances}")
+    print(f"the asymmetric critic solved grouped pusher-reach at {result.env_steps} env steps; {distances}")
 
 
 def test_sac_pendulum_reaches_minus_200_within_10k_steps() -> None:
@@ -33,7 +33,7 @@ def test_sac_pendulum_reaches_minus_200_within_10k_steps() -> None:
     result = train("sac_pendulum.yaml", "budget.env_steps=10000", "budget.stop_at_eval_return=-200")
     returns = [e["eval/return"] for e in result.evals]
     assert result.stop_reason == "target reached", f"eval returns: {returns}"
-    print(f"sac solved Pendulum-v1 (>= -200) at {result['env_steps']} env steps; eval returns {returns}")
+    print(f"sac solved Pendulum-v1 (>= -200) at {result.env_steps} env steps; eval returns {returns}")
 
 
 def test_sac_bee_solves_pusher_reach() -> None:
@@ -41,4 +41,4 @@ def test_sac_bee_solves_pusher_reach() -> None:
     result = train("sac_bee.yaml", "budget.env_steps=20000", "budget.stop_at_eval_distance=0.05")
     distances = [e["eval/distance"] for e in result.evals]
     assert result.stop_reason == "target reached", f"eval distances: {distances}"
-    print(f"sac_bee solved pusher-reach at {result['env_steps']} env steps; eval distances {distances}")
+    print(f"sac_bee solved pusher-reach at {result.env_steps} env steps; eval distances {distances}")

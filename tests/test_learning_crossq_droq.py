@@ -21,7 +21,7 @@ def test_crossq_solves_pusher_reach_within_12k_steps() -> None:
     result = train("crossq.yaml", "budget.env_steps=12000", SOLVED, *SMALL)
     distances = [e["eval/distance"] for e in result.evals]
     assert result.stop_reason == "target reached", f"eval distances: {distances}"
-    print(f"crossq solved pusher-reach at {result['env_steps']} env steps; eval distances {distances}")
+    print(f"crossq solved pusher-reach at {result.env_steps} env steps; eval distances {distances}")
 
 
 def test_droq_solves_pusher_reach_within_15k_steps() -> None:
@@ -30,4 +30,4 @@ def test_droq_solves_pusher_reach_within_15k_steps() -> None:
     result = train("droq.yaml", "budget.env_steps=15000", "algo.utd_ratio=3", SOLVED, *SMALL)
     distances = [e["eval/distance"] for e in result.evals]
     assert result.stop_reason == "target reached", f"eval distances: {distances}"
-    print(f"droq solved pusher-reach at {result['env_steps']} env steps; eval distances {distances}")
+    print(f"droq solved pusher-reach at {result.env_steps} env steps; eval distances {distances}")

@@ -79,7 +79,7 @@ def test_fast_td3_solves_pusher_reach_within_20k_steps() -> None:
     """Seeds 0, 1, 2 solved it at 8,032, 10,048 and 14,000 env steps (30-65 s on 2 shared cores)."""
     result = train("fasttd3.yaml", "budget.env_steps=20000", SOLVED)
     distances = solved(result)
-    print(f"fast_td3 solved pusher-reach at {result['env_steps']} env steps; eval distances {distances}")
+    print(f"fast_td3 solved pusher-reach at {result.env_steps} env steps; eval distances {distances}")
 
 
 @pytest.mark.learning
@@ -87,7 +87,7 @@ def test_fast_sac_solves_pusher_reach_within_20k_steps() -> None:
     """Seeds 0, 1, 2 solved it at 8,032, 8,032 and 14,000 env steps (35-90 s on 2 shared cores)."""
     result = train("fastsac.yaml", "budget.env_steps=20000", SOLVED)
     distances = solved(result)
-    print(f"fast_sac solved pusher-reach at {result['env_steps']} env steps; eval distances {distances}")
+    print(f"fast_sac solved pusher-reach at {result.env_steps} env steps; eval distances {distances}")
 
 
 @pytest.mark.learning
@@ -95,4 +95,4 @@ def test_fast_td3_solves_point_reach_on_the_device_path_within_400k_steps() -> N
     """Seeds 0, 1, 2 solved it at 153,600, 153,600 and 204,800 env steps (19-25 s on 2 shared cores)."""
     result = train("fasttd3_point_reach.yaml", "budget.env_steps=400000")
     distances = solved(result)
-    print(f"fast_td3 solved point-reach at {result['env_steps']} env steps; eval distances {distances}")
+    print(f"fast_td3 solved point-reach at {result.env_steps} env steps; eval distances {distances}")

@@ -19,4 +19,4 @@ def test_ppo_halves_the_random_policys_distance_within_200k_steps() -> None:
     distances = [round(e["eval/distance"], 4) for e in result.evals]
     assert result.stop_reason == "target reached", f"eval distances: {distances}"
     assert distances[-1] <= 0.10 and distances[0] > 0.10
-    print(f"ppo reached {distances[-1]} m at {result['env_steps']} env steps; eval distances {distances}")
+    print(f"ppo reached {distances[-1]} m at {result.env_steps} env steps; eval distances {distances}")

@@ -16,7 +16,7 @@ def test_sac_dist_solves_pusher_reach_within_12k_steps() -> None:
     distances = [e["eval/distance"] for e in result.evals]
     assert result.stop_reason == "target reached", f"eval distances: {distances}"
     assert distances[-1] < 0.05 and result.env_steps <= 12000
-    print(f"sac_dist solved pusher-reach at {result['env_steps']} env steps; eval distances {distances}")
+    print(f"sac_dist solved pusher-reach at {result.env_steps} env steps; eval distances {distances}")
 
 
 def test_sac_dist_simba_solves_pusher_reach_within_10k_steps() -> None:
@@ -26,4 +26,4 @@ def test_sac_dist_simba_solves_pusher_reach_within_10k_steps() -> None:
     distances = [e["eval/distance"] for e in result.evals]
     assert result.stop_reason == "target reached", f"eval distances: {distances}"
     assert distances[-1] < 0.05 and result.env_steps <= 10000
-    print(f"sac_dist_simba solved pusher-reach at {result['env_steps']} env steps; eval distances {distances}")
+    print(f"sac_dist_simba solved pusher-reach at {result.env_steps} env steps; eval distances {distances}")

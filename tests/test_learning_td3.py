@@ -15,4 +15,4 @@ def test_td3_solves_pusher_reach_within_20k_steps() -> None:
     distances = [e["eval/distance"] for e in result.evals]
     assert result.stop_reason == "target reached", f"eval distances: {distances}"
     assert distances[-1] < 0.05 and result.env_steps <= 20000
-    print(f"td3 solved pusher-reach at {result['env_steps']} env steps; eval distances {distances}")
+    print(f"td3 solved pusher-reach at {result.env_steps} env steps; eval distances {distances}")

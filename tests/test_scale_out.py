@@ -245,4 +245,4 @@ def test_async_sac_solves_pusher_reach_with_bounded_policy_lag() -> None:
     assert lags and max(lags) <= s.runtime.max_policy_lag
     utd = metric_history(result.mlflow_run_id, "runtime/updates_per_fleet_step")[-1]
     assert 0.8 * s.algo.utd_ratio <= utd <= 1.2 * s.algo.utd_ratio, utd
-    print(f"async sac solved pusher-reach at {result['env_steps']} env steps; lag max {max(lags)}; utd {utd:.2f}")
+    print(f"async sac solved pusher-reach at {result.env_steps} env steps; lag max {max(lags)}; utd {utd:.2f}")
