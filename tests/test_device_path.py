@@ -23,6 +23,7 @@ from aa_ray.envs.batched import BatchedStep
 from aa_ray.envs.make import env_dims
 from aa_ray.envs.point_reach import PointReach
 from aa_ray.errors import SpecError
+from aa_ray.records import LearnerState
 from aa_ray.runtime.device_learner import DeviceLearner
 from aa_ray.runtime.device_loop import DeviceLoop
 from aa_ray.runtime.device_replay import DeviceReplay, ReplayShapeError
@@ -217,10 +218,11 @@ def test_a_resumed_device_learner_repeats_the_uninterrupted_one() -> None:
     first = device_learner()
     for iteration in range(3):
         first.iterate(2, iteration == 0, iteration > 0)
-    saved = checkpointed((first.state_dict(), first.runner_state(with_replay=True)))
+    # the learner's record as the checkpoint file holds it (its fields as a dict: plain types only)
+    saved = checkpointed((first.state_dict()._asdict(), first.runner_state(with_replay=True)))
     assert saved[1]["env_restarts"] is False
     second = device_learner()
-    second.load_state_dict(saved[0])
+    second.load_state_dict(LearnerState(**saved[0]))
     second.load_runner_state(saved[1])
     for _ in range(3):
         (stats_a, report_a), (stats_b, report_b) = first.iterate(2, False, True), second.iterate(2, False, True)
