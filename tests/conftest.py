@@ -35,36 +35,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
 
 
-@pytest.fixture(scope="module")
-def module_ray():
-    """One local Ray for a whole module whose tests run in this process and need no cluster of their
-    own: each run's `cluster.connect` joins it instead of starting one (a start took 10 s on this
-    2-core machine, 20 s while it was busy), and leaves it up for the next test. Six CPUs: room for the
-    largest of those runs' placement groups."""
-    import ray
-
-    from aa_ray.runtime.cluster import TASK_EVENTS_KEPT
-
-    ray.init(address="local", num_cpus=6, include_dashboard=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}},
-             _system_config={"task_events_max_num_task_in_gcs": TASK_EVENTS_KEPT})
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture
-def shared_ray(module_ray: None):
-    """The module's Ray (`module_ray`), with whatever a test left placed (a failed run's placement
-    group and actors) removed after it, so that one failure cannot starve the next test of CPUs."""
-    yield
-    from ray._raylet import PlacementGroupID
-    from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
-
-    for group_id, group in placement_group_table().items():
-        if group["state"] != "REMOVED":
-            remove_placement_group(PlacementGroup(PlacementGroupID(bytes.fromhex(group_id))))
-
-
 @pytest.fixture(autouse=True)
 def isolated_workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)

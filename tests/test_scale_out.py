@@ -30,8 +30,13 @@ def spec(*overrides: str, file: str = "sac.yaml"):
     return load_spec(SPECS / file, ["tracking.enabled=false", "checkpoint.save_replay=false", *overrides])
 
 
-# One local Ray (6 CPUs) for every test here: each Trainer joins it rather than starting its own.
-pytestmark = pytest.mark.usefixtures("shared_ray")
+@pytest.fixture
+def local_ray():
+    # A Ray of its own per test: after a Ray shared by earlier tests had been shut down, the killed-runner
+    # run in this process once sat for minutes without env steps, and once ended the process.
+    ray.init(address="local", num_cpus=6, include_dashboard=False, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    yield
+    ray.shutdown()
 
 
 def fixed_batches(
@@ -58,6 +63,7 @@ SMALL_NETS = {  # spec file -> smaller networks, same algorithm (BEE's V, C51, S
 }
 
 
+@pytest.mark.usefixtures("local_ray")
 @pytest.mark.parametrize("algo_file", SMALL_NETS)
 def test_two_gloo_learners_stay_identical_and_match_one_learner(algo_file: str) -> None:
     """Two DDP learners, each fed half of every global batch, end with identical models, equal
@@ -100,6 +106,7 @@ def test_two_gloo_learners_stay_identical_and_match_one_learner(algo_file: str) 
     assert any(not (untrained[k] == v).all() for k, v in single.algo.policy_state().items())  # it did train
 
 
+@pytest.mark.usefixtures("local_ray")
 def test_the_rendezvous_listens_on_the_learner_node_address_only_on_a_port_it_holds() -> None:
     """Rank 0's store is bound to the address it is given (not every interface), on a port that
     was never released between choosing and listening, so two rendezvous never collide."""
@@ -219,6 +226,7 @@ def test_a_killed_learner_past_the_restart_limit_ends_the_run_naming_the_last_ch
     assert load_checkpoint(checkpoint).driver.counters.env_steps >= 500  # usable: it loads
 
 
+@pytest.mark.usefixtures("local_ray")
 def test_more_cpus_than_the_cluster_has_fails_fast_naming_cpu() -> None:
     """On a running cluster (6 CPUs here) a spec needing more fails in seconds, naming CPU.
     (An embedded local Ray is sized to the spec instead: Ray accepts more CPUs than cores.)"""
