@@ -15,6 +15,11 @@ torch.set_num_threads(1)
 
 # MuJoCo picks its GL backend at import; EGL renders offscreen without a display.
 os.environ.setdefault("MUJOCO_GL", "egl")
+# Ray starts its workers (aa-ray's actors, Tune's trials) at nice 15, below everything else. Beside
+# the other pytest worker's in-process training (nice 0) on 2 cores they got almost no CPU: the async
+# killed-runner test took 128 s there against 72 s with its workers at nice 0. Every Ray the tests
+# start, in this process or in a command's, inherits this.
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 
 # Each of the two workers takes whole files from one queue, in this order (pyproject's addopts turn

@@ -8,17 +8,16 @@ solved at 10,000 env steps in 177 s and DroQ at UTD 5 at 6,000 in 384 s."""
 from __future__ import annotations
 
 import pytest
-from learning_runs import train
+from learning_runs import NARROW, train
 
 pytestmark = pytest.mark.learning
 SOLVED = "budget.stop_at={metric: eval/distance, below: 0.05}"
-SMALL = ["algo.actor_hidden_dims=[128,128]", "algo.critic_hidden_dims=[128,128]", "algo.batch_size=128"]
 
 
 def test_crossq_solves_pusher_reach_within_12k_steps() -> None:
     """No target networks, batch-renormalized critics at UTD 1 (specs/crossq.yaml, 128 wide): measured
     0.032 m at 6,000 env steps for seed 0 (46 s beside another test on 2 cores)."""
-    result = train("crossq.yaml", "budget.env_steps=12000", SOLVED, *SMALL)
+    result = train("crossq.yaml", "budget.env_steps=12000", SOLVED, *NARROW)
     distances = [e["eval/distance"] for e in result.evals]
     assert result.stop_reason == "target reached", f"eval distances: {distances}"
     print(f"crossq solved pusher-reach at {result.env_steps} env steps; eval distances {distances}")
@@ -27,7 +26,7 @@ def test_crossq_solves_pusher_reach_within_12k_steps() -> None:
 def test_droq_solves_pusher_reach_within_15k_steps() -> None:
     """Dropout and LayerNorm critics (specs/droq.yaml, 128 wide) at UTD 3: measured 0.039 m at 9,000 env
     steps for seed 0 (172 s beside another test on 2 cores)."""
-    result = train("droq.yaml", "budget.env_steps=15000", "algo.utd_ratio=3", SOLVED, *SMALL)
+    result = train("droq.yaml", "budget.env_steps=15000", "algo.utd_ratio=3", SOLVED, *NARROW)
     distances = [e["eval/distance"] for e in result.evals]
     assert result.stop_reason == "target reached", f"eval distances: {distances}"
     print(f"droq solved pusher-reach at {result.env_steps} env steps; eval distances {distances}")
