@@ -20,6 +20,9 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 # killed-runner test took 128 s there against 72 s with its workers at nice 0. Every Ray the tests
 # start, in this process or in a command's, inherits this.
 os.environ.setdefault("RAY_worker_niceness", "0")
+# What aa_ray.runtime.cluster.connect asks of an embedded Ray, for the Rays the tests start themselves
+# (fixtures, `ray start` clusters): no idle worker per CPU started ahead of the actors.
+os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
 
 
 # Each of the two workers takes whole files from one queue, in this order (pyproject's addopts turn

@@ -64,12 +64,16 @@ SMALL_NETS = {  # spec file -> smaller networks, same algorithm (BEE's V, C51, S
 
 
 @pytest.mark.usefixtures("local_ray")
-@pytest.mark.parametrize("algo_file", SMALL_NETS)
-def test_two_gloo_learners_stay_identical_and_match_one_learner(algo_file: str) -> None:
+def test_two_gloo_learners_stay_identical_and_match_one_learner() -> None:
     """Two DDP learners, each fed half of every global batch, end with identical models, equal
     (within float tolerance) to one learner fed the whole batches: gradient averaging, the
     explicitly synchronized normalizers and the sharded sampling noise all line up, in every
-    variant of the family."""
+    variant of the family (one Ray for all of them: a start costs more than a variant's check)."""
+    for algo_file in SMALL_NETS:
+        check_two_gloo_learners_against_one(algo_file)
+
+
+def check_two_gloo_learners_against_one(algo_file: str) -> None:
     overrides = [*SMALL_NETS[algo_file], "algo.batch_size=64", "algo.utd_ratio=2", "algo.normalize_obs=true"]
     one = spec(*overrides, file=algo_file)
     two = spec(*overrides, "learners.num_learners=2", file=algo_file)
@@ -89,21 +93,24 @@ def test_two_gloo_learners_stay_identical_and_match_one_learner(algo_file: str) 
         ray.get([learner.update.remote([moments], shard) for learner, shard in zip(ranks, shards, strict=True)])
 
     rank0, rank1 = ray.get([learner.parameters_vector.remote() for learner in ranks])
+    states = [ray.get(learner.state_dict.remote()).algo for learner in ranks] + [single.state_dict().algo]
+    for learner in ranks:  # their CPUs back for the next variant's pair
+        ray.kill(learner)
     reference = single.parameters_vector()
     if algo_file == "crossq.yaml":  # every batch-renormalization layer's running statistics, by name
-        states = [ray.get(learner.state_dict.remote()).algo for learner in ranks] + [single.state_dict().algo]
         stats = [{f"{net}.{key}": value for net in ("policy", "critic") for key, value in state[net].items()
                   if "running_" in key} for state in states]
         first = stats[0]["critic.net.0.running_mean"]
         assert len(stats[0]) == 2 * (3 + 3) and first.abs().max() > 0  # (mean, var) of 3 layers each; they moved
         assert all(torch.equal(stats[0][key], stats[1][key]) for key in stats[0]), "the ranks' statistics differ"
         for key in stats[0]:
-            np.testing.assert_allclose(stats[0][key].numpy(), stats[2][key].numpy(), rtol=1e-4, atol=1e-5)
-    assert rank0.shape == rank1.shape == reference.shape
-    assert (rank0 == rank1).all(), "the two ranks diverged"
-    np.testing.assert_allclose(rank0.numpy(), reference.numpy(), rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(stats[0][key].numpy(), stats[2][key].numpy(), rtol=1e-4, atol=1e-5,
+                                       err_msg=f"{algo_file}: {key}")
+    assert rank0.shape == rank1.shape == reference.shape, algo_file
+    assert (rank0 == rank1).all(), f"{algo_file}: the two ranks diverged"
+    np.testing.assert_allclose(rank0.numpy(), reference.numpy(), rtol=1e-4, atol=1e-5, err_msg=algo_file)
     untrained = Learner(one, obs_dim, act_dim).algo.policy_state()
-    assert any(not (untrained[k] == v).all() for k, v in single.algo.policy_state().items())  # it did train
+    assert any(not (untrained[k] == v).all() for k, v in single.algo.policy_state().items()), algo_file  # it trained
 
 
 @pytest.mark.usefixtures("local_ray")
@@ -123,6 +130,7 @@ def test_the_rendezvous_listens_on_the_learner_node_address_only_on_a_port_it_ho
         assert ("0.0.0.0", int(port)) not in listening and ("::", int(port)) not in listening
 
 
+@pytest.mark.usefixtures("local_ray")  # one Ray for the three runs
 def test_checkpoints_move_between_one_and_two_learners(tmp_path: Path) -> None:
     """A run with L=2 checkpoints unwrapped state; L=1 resumes it (in async mode, refilling the
     replay the checkpoint did not keep) and the reverse. A resumed run continues in its run

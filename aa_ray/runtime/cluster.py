@@ -77,7 +77,9 @@ def connect(spec: ExperimentSpec | None, cpus: float | None = None, py_modules: 
         # The GCS keeps a record of every actor call (about 3 KB each, up to 100k by default): a long
         # run's GCS grew by 36 MB per 100k env steps (benchmarks/RESULTS.md section 10). 10k
         # records still cover the last minutes of a run for debugging.
-        _system_config={"task_events_max_num_task_in_gcs": TASK_EVENTS_KEPT},
+        # Ray would also start one idle worker per CPU for the first driver: aa-ray's actors and Tune's
+        # trials each get a worker of their own, so those were never used, and cost ~0.5 s of CPU apiece.
+        _system_config={"task_events_max_num_task_in_gcs": TASK_EVENTS_KEPT, "prestart_worker_first_driver": False},
     )
     return True
 

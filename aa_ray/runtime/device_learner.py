@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from aa_ray import seeding
+from aa_ray.algos.config import OffPolicyKnobs
 from aa_ray.algos.registry import build_policy
 from aa_ray.envs.batched import BatchedEnv
 from aa_ray.envs.make import make_batched_env
@@ -63,15 +64,16 @@ class DeviceLearner:
         self._check_env(self.envs)
         self.num_envs = self.envs.num_envs
         algo = spec.algo
+        if not isinstance(algo, OffPolicyKnobs):  # the spec refuses runtime.mode device for any other family
+            raise SpecError(f"runtime.mode device trains off-policy algorithms; {algo.name} is not one")
         self.gamma = algo.gamma
         self.replay = DeviceReplay(
             max(algo.buffer_size // self.num_envs, 1), self.num_envs, self.obs_dims.full, act_dim, self.device,
-            n_step=getattr(algo, "n_step", 1), gamma=algo.gamma,
+            n_step=algo.n_step, gamma=algo.gamma,
         )
         self.policy = build_policy(algo, self.obs_dims, act_dim).to(self.device)
         self.policy_version = -1
-        self.normalize_obs = bool(getattr(algo, "normalize_obs", False))
-        self.normalize_reward = bool(getattr(algo, "normalize_reward", False))
+        self.normalize_obs, self.normalize_reward = algo.normalize_obs, algo.normalize_reward
         # every random draw from a stream of the spec's seed; the rank stands where a runner's index does
         self.warm_up = self._generator(seeding.Stream.WARM_UP_ACTIONS, rank, 0)
         self.exploration = self._generator(seeding.Stream.EXPLORATION, rank, 0)
