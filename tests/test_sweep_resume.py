@@ -1,8 +1,11 @@
-"""A sweep preempted by SIGTERM and continued with `--resume latest`: a real `aa-ray sweep` process
-on a real local Ray, Tune and MLflow store (SQLite in the test's folder), two tiny trials."""
+"""A sweep that loses a trial's process, is then preempted by SIGTERM and is continued with
+`--resume latest`: a real `aa-ray sweep` process on a real local Ray, Tune and MLflow store (SQLite
+in the test's folder), a 2x2 grid of tiny trials. (One sweep for both interruptions: each costs a
+Ray, Tune and trial processes to start, on a 2-core CI machine.)"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -12,15 +15,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import yaml
 from mlflow.tracking import MlflowClient
 
 from aa_ray.cli import PREEMPTED_EXIT_CODE
 from aa_ray.runtime.run_record import STOP_REASON_TAG
+from aa_ray.tune.trials import TRIAL_LOG
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
-BUDGET = 1200
-CHECKPOINT_EVERY = 300
+BUDGET = 1500
+CHECKPOINT_EVERY = 400
 
 
 def sweep_command(sweep_file: Path, *args: str) -> list[str]:
@@ -38,13 +43,43 @@ def step_checkpoints(trial_dir: Path) -> list[Path]:
     return [c for c in (trial_dir / "checkpoints").glob("step_*") if "." not in c.name]  # not a .partial
 
 
-def both_trials_checkpointed_twice(root: Path) -> bool:
-    """Two checkpoints each, so Tune has surely been handed the first (the second is written after
-    the first's report returned), and neither trial has finished."""
+def two_running_trials_checkpointed_twice(root: Path) -> bool:
+    """Two trials with two checkpoints each (so Tune has surely been handed the first: the second is
+    written after the first's report returned), neither finished."""
     trials = [d for d in root.glob("sweep-*/*") if (d / "checkpoints").is_dir()]
-    return len(trials) == 2 and all(
-        len(step_checkpoints(d)) >= 2 and not (d / "checkpoints" / "final").exists() for d in trials
-    )
+    running = [d for d in trials if len(step_checkpoints(d)) >= 2 and not (d / "checkpoints" / "final").exists()]
+    return len(running) >= 2
+
+
+def kill_one_trial(driver: subprocess.Popen) -> int:
+    """SIGKILL one trial's own process (the whole trial: its actors run inline in it), as a crashed
+    machine would; its pid. (A trial whose learner dies recovers inside the trial: test_reliability.py.)"""
+    for process in psutil.Process(driver.pid).children(recursive=True):  # the sweep's own Ray, no other
+        with contextlib.suppress(psutil.Error):
+            if (process.cmdline() or [""])[0].startswith("ray::ImplicitFunc"):
+                process.kill()
+                return process.pid
+    raise AssertionError("no trial process to kill")
+
+
+def retried_and_going_again(console: Path, root: Path) -> bool:
+    """The killed trial was retried and has resumed from its checkpoint, and a trial is mid-run."""
+    text = console.read_text()
+    running = [d for d in root.glob("sweep-*/*") if step_checkpoints(d) and not (d / "checkpoints" / "final").exists()]
+    return "retried from its last checkpoint" in text and "resuming from" in text and bool(running)
+
+
+def assert_a_readable_console(console: str) -> None:
+    """No trial's own output on the console (its progress lines, Ray's "[repeated ...]" marker for
+    forwarded lines), no colour codes, no hint to run TensorBoard; Tune's status table and a line per
+    trial event, the killed trial's failure in one line."""
+    assert "\x1b[" not in console, console[max(0, console.find("\x1b[") - 1000):][:2000]
+    assert "env_steps" not in console and "repeated" not in console, console[-4000:]
+    assert "tensorboard" not in console.lower()
+    assert "== Status ==" in console and "eval/distance" in console
+    (failure,) = [line for line in console.splitlines() if "retried from its last checkpoint" in line]
+    assert "Error" in failure and "traceback: " in failure, failure
+    assert re.search(r"resuming from [\d,]+ env steps", console), console[-4000:]
 
 
 def sweep_parents(client: MlflowClient) -> list:
@@ -59,44 +94,62 @@ def child_runs(client: MlflowClient, parent_id: str) -> dict[str, str]:
     return {run.info.run_id: run.info.status for run in runs}
 
 
-def test_a_sweep_stopped_by_sigterm_resumes_its_trials_from_their_checkpoints(tmp_path: Path) -> None:
-    """SIGTERM to the sweep's driver once both trials checkpointed: Tune saves its state, the parent
-    MLflow run ends KILLED and the command exits 75. `--resume latest` (what a requeued job runs)
-    restores that sweep: both trials continue from their checkpoints to the end of their budget,
-    in the same parent run and the same child runs."""
+def test_a_sweep_loses_a_trial_then_is_stopped_by_sigterm_and_resumes_every_trial_to_its_end(tmp_path: Path) -> None:
+    """A 2x2 grid over algo.utd_ratio x algo.bee_lambda, two trials at a time. Once two running trials
+    checkpointed twice, one trial's process is SIGKILLed: Tune retries it from its last checkpoint
+    (max_failures 1) and it goes on. Then SIGTERM to the sweep's driver: Tune saves its state, the
+    parent MLflow run ends KILLED, the trials it stopped too, and the command exits 75.
+    `--resume latest` (what a requeued job runs) restores that sweep: every trial finishes its
+    budget, in the same parent run with exactly four child runs (the retried trial continued its
+    run instead of starting a fifth), each with its own params. The console (a batch job's log) is
+    Tune's status table and a line per trial event; each trial's progress is in its own log."""
     sweep_file = tmp_path / "sweep.yaml"
     sweep_file.write_text(yaml.safe_dump({
-        "name": "resume_tiny", "base": str(SPECS / "sac_bee.yaml"),
+        "name": "utd_bee_tiny", "base": str(SPECS / "sac_bee.yaml"),
+        # the first checkpoint (400) comes before the first evaluation (500): its report still has the metric
         "set": {"algo.actor_hidden_dims": [32, 32], "algo.critic_hidden_dims": [32, 32], "algo.batch_size": 64,
-                "algo.warm_up_steps": 200, "eval.every_env_steps": 600, "eval.episodes": 2,
+                "algo.warm_up_steps": 300, "eval.every_env_steps": 500, "eval.episodes": 2,
                 "budget.env_steps": BUDGET, "checkpoint.every_env_steps": CHECKPOINT_EVERY,
-                # each trial's actors in its own process: two fewer processes to start on a busy machine
+                # each trial's actors in its own process, so the kill takes the whole trial (the Ray
+                # actors of a Tune trial: test_tune.py's pipeline, test_suite.py)
                 "runtime.backend": "inline"},
-        # the values do not change a trial's speed, so both reach their checkpoints together
-        "search_space": {"algo.bee_lambda": {"grid": [0.25, 0.5]}},
-        "metric": "eval/distance", "mode": "min", "max_concurrent_trials": 2, "max_failures": 0,
+        "search_space": {"algo.utd_ratio": {"grid": [1, 2]}, "algo.bee_lambda": {"grid": [0.25, 0.5]}},
+        "metric": "eval/distance", "mode": "min", "max_concurrent_trials": 2, "max_failures": 1,
     }, sort_keys=False))
-
-    stopped = subprocess.Popen(sweep_command(sweep_file), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
-    runs = tmp_path / "runs"
-    wait_for(lambda: both_trials_checkpointed_twice(runs) or stopped.poll() is not None, "two checkpoints per trial")
-    assert stopped.poll() is None, "the sweep ended before it could be stopped"
-    stopped.send_signal(signal.SIGTERM)  # to the driver alone, as `kill -TERM` and Kubernetes send it
-    out, err = stopped.communicate(timeout=180)
-    assert stopped.returncode == PREEMPTED_EXIT_CODE, (out + err)[-4000:]
-    assert "--resume latest" in err
-    (root,) = runs.glob("sweep-resume_tiny-*")
+    runs, console = tmp_path / "runs", tmp_path / "stopped.log"
+    with console.open("w") as out:
+        stopped = subprocess.Popen(sweep_command(sweep_file), stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        try:
+            wait_for(lambda: two_running_trials_checkpointed_twice(runs) or stopped.poll() is not None,
+                     "two running trials with two checkpoints each")
+            assert stopped.poll() is None, "the sweep ended before a trial could be killed"
+            kill_one_trial(stopped)
+            wait_for(lambda: retried_and_going_again(console, runs) or stopped.poll() is not None,
+                     "the killed trial retried from its checkpoint")
+            assert stopped.poll() is None, "the sweep ended before it could be stopped"
+            stopped.send_signal(signal.SIGTERM)  # to the driver alone, as `kill -TERM` and Kubernetes send it
+            stopped.wait(timeout=180)
+        finally:
+            if stopped.poll() is None:
+                stopped.kill()
+    log = console.read_text()
+    assert stopped.returncode == PREEMPTED_EXIT_CODE, log[-4000:]
+    assert "--resume latest" in log
+    assert_a_readable_console(log)
+    (root,) = runs.glob("sweep-utd_bee_tiny-*")
     assert json.loads((root / "sweep.json").read_text())["status"] == "preempted"
-    assert not list(root.glob("*/checkpoints/final")), "a trial finished before the signal: nothing to resume"
+    started = [d for d in root.iterdir() if (d / "checkpoints").is_dir()]
+    assert any(not (d / "checkpoints" / "final").exists() for d in started), "nothing left to resume"
 
     client = MlflowClient()
     (parent,) = sweep_parents(client)
     assert parent.info.status == "KILLED" and "SIGTERM" in parent.data.tags[STOP_REASON_TAG]
     children_before = child_runs(client, parent.info.run_id)
-    assert len(children_before) == 2 and set(children_before.values()) == {"KILLED"}, children_before
-    for run_id in children_before:  # why, beside what the trial saw (Tune ending it)
-        assert "stopped by SIGTERM" in client.get_run(run_id).data.tags[STOP_REASON_TAG]
+    assert len(children_before) <= 4 and "KILLED" in children_before.values(), children_before
+    for run_id, status in children_before.items():  # why, beside what the trial saw (Tune ending it)
+        if status == "KILLED":
+            assert "stopped by SIGTERM" in client.get_run(run_id).data.tags[STOP_REASON_TAG]
 
     resumed = subprocess.run(sweep_command(sweep_file, "--resume", "latest"), capture_output=True, text=True,
                              timeout=400)
@@ -107,15 +160,26 @@ def test_a_sweep_stopped_by_sigterm_resumes_its_trials_from_their_checkpoints(tm
     assert steps_resumed_from and all(CHECKPOINT_EVERY <= n < BUDGET for n in steps_resumed_from), log[-4000:]
 
     trials = json.loads((root / "trials.json").read_text())
-    assert len(trials) == 2 and all(t["finished"] and t["error"] is None and t["env_steps"] >= BUDGET
-                                    for t in trials), trials
+    assert sorted((t["params"]["algo.utd_ratio"], t["params"]["algo.bee_lambda"]) for t in trials) == [
+        (1, 0.25), (1, 0.5), (2, 0.25), (2, 0.5)]
+    assert all(t["finished"] and t["error"] is None and t["env_steps"] >= BUDGET for t in trials), trials
     assert any(t["resumed"] for t in trials), trials
+    for trial in trials:
+        assert "env_steps" in (root / trial["trial_id"] / TRIAL_LOG).read_text()
     assert list(runs.glob("sweep-*")) == [root]  # no second sweep folder
     assert json.loads((root / "sweep.json").read_text())["status"] == "finished"
 
     (parent_after,) = sweep_parents(client)  # the same parent, not a second one
     assert parent_after.info.run_id == parent.info.run_id and parent_after.info.status == "FINISHED"
     assert STOP_REASON_TAG not in parent_after.data.tags
+    assert parent_after.data.metrics["best/eval/distance"] == min(t["metric"] for t in trials)
     children_after = child_runs(client, parent.info.run_id)
-    assert set(children_after) == set(children_before), (children_before, children_after)
+    assert set(children_before) <= set(children_after) and len(children_after) == 4, children_after
     assert set(children_after.values()) == {"FINISHED"}, children_after
+    for run_id in children_after:
+        run = client.get_run(run_id)
+        assert run.data.tags["aa_ray.sweep"] == "utd_bee_tiny"
+        sampled = yaml.safe_load(run.data.tags["aa_ray.params"])
+        assert float(run.data.params["algo.bee_lambda"]) == sampled["algo.bee_lambda"]
+        assert int(run.data.params["algo.utd_ratio"]) == sampled["algo.utd_ratio"]
+        assert "eval/distance" in run.data.metrics

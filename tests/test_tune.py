@@ -1,18 +1,13 @@
-"""Sweeps and pipelines end to end on a real local Ray, real Tune and a real MLflow store (SQLite in
-the test's folder), with tiny budgets; and the bad sweep/pipeline files rejected before anything
-starts."""
+"""Pipelines end to end on a real local Ray, real Tune and a real MLflow store (SQLite in the test's
+folder), with tiny budgets; and the bad sweep/pipeline files rejected before anything starts. (A sweep
+end to end, with a killed trial and a SIGTERM: test_sweep_resume.py.)"""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import re
-import threading
-import time
 import traceback
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
@@ -27,8 +22,6 @@ from aa_ray.tracking.mlflow_tracker import retry_locked
 from aa_ray.tune.pipeline import PipelineError, run_pipeline
 from aa_ray.tune.session import error_paragraph
 from aa_ray.tune.specs import load_pipeline, load_sweep
-from aa_ray.tune.sweep import run_sweep
-from aa_ray.tune.trials import TRIAL_LOG
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 TINY_EVAL = {"eval.every_env_steps": 500, "eval.episodes": 2}
@@ -44,88 +37,6 @@ def write(path: Path, document: dict) -> Path:
 def children(client: MlflowClient, parent_id: str) -> list:
     experiment = client.get_run(parent_id).info.experiment_id
     return client.search_runs([experiment], filter_string=f"tags.`mlflow.parentRunId` = '{parent_id}'")
-
-
-def kill_a_trial_once_two_trials_checkpointed(stop: threading.Event, killed: list[int]) -> None:
-    """Chaos for the sweep: once both running trials have written two checkpoints (so Tune has been
-    handed the first) and neither has finished, SIGKILL one trial's own process (the whole trial:
-    its actors run inline in it), as a crashed machine would. (A trial whose learner dies recovers inside
-    the trial: test_reliability.py.)"""
-    while not stop.is_set():
-        trials = [d for d in Path.cwd().glob("runs/sweep-*/*") if (d / "checkpoints").is_dir()]
-        running = [d for d in trials if len([c for c in (d / "checkpoints").glob("step_*") if "." not in c.name]) >= 2
-                   and not (d / "checkpoints" / "final").exists()]
-        if len(running) >= 2:
-            for process in psutil.Process().children(recursive=True):  # this test's own Ray, no other
-                with contextlib.suppress(psutil.Error):
-                    if (process.cmdline() or [""])[0].startswith("ray::ImplicitFunc"):
-                        process.kill()
-                        killed.append(process.pid)
-                        return
-        time.sleep(0.05)
-
-
-def test_sweep_grid_with_a_killed_trial(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
-    """A 2x2 grid over algo.utd_ratio x algo.bee_lambda, two trials at a time: every trial finishes
-    its budget; the trial whose process was killed mid-run is retried from its last checkpoint and
-    completes; MLflow holds one parent with exactly four children, each with its own params. The
-    console (captured: not a terminal) is Tune's status table and a line per trial event, without
-    colour codes; each trial's progress is in its own log."""
-    sweep_file = write(tmp_path / "sweep.yaml", {
-        "name": "utd_bee_tiny", "base": str(SPECS / "sac_bee.yaml"),
-        # the first checkpoint (400) comes before the first evaluation (500): its report still has the metric;
-        # each trial's actors in its own process, so the kill takes the whole trial (the Ray actors of
-        # a Tune trial: test_pipeline_ppo_rollout_rlpd_then_reuse, test_suite.py)
-        "set": {**TINY_SAC, "budget.env_steps": 1500, "checkpoint.every_env_steps": 400, "runtime.backend": "inline"},
-        "search_space": {"algo.utd_ratio": {"grid": [1, 2]}, "algo.bee_lambda": {"grid": [0.25, 0.5]}},
-        "metric": "eval/distance", "mode": "min", "max_concurrent_trials": 2, "max_failures": 1,
-    })
-    stop, killed = threading.Event(), []
-    chaos = threading.Thread(target=kill_a_trial_once_two_trials_checkpointed, args=(stop, killed), daemon=True)
-    chaos.start()
-    try:
-        outcome = run_sweep(load_sweep(sweep_file))
-    finally:
-        stop.set()
-    assert killed, "the chaos thread never found two running trials with checkpoints"
-
-    trials = outcome["trials"]
-    assert sorted((t["params"]["algo.utd_ratio"], t["params"]["algo.bee_lambda"]) for t in trials) == [
-        (1, 0.25), (1, 0.5), (2, 0.25), (2, 0.5)]
-    assert all(t["error"] is None and t["finished"] and t["env_steps"] >= 1500 for t in trials), trials
-    assert sum(t["resumed"] for t in trials) == 1, trials  # the killed one, resumed from its checkpoint
-    assert outcome["best"]["metric"] == min(t["metric"] for t in trials)
-    assert_a_readable_console(capfd.readouterr(), Path(outcome["root"]), [t["trial_id"] for t in trials])
-
-    client = MlflowClient()
-    parent = client.get_run(outcome["parent_run_id"])
-    assert parent.data.tags["aa_ray.kind"] == "sweep" and parent.info.status == "FINISHED"
-    runs = children(client, parent.info.run_id)
-    assert len(runs) == 4  # the retried trial continued its run instead of starting a fifth
-    for run in runs:
-        assert run.info.status == "FINISHED"
-        assert run.data.tags["aa_ray.sweep"] == "utd_bee_tiny"
-        sampled = yaml.safe_load(run.data.tags["aa_ray.params"])
-        assert float(run.data.params["algo.bee_lambda"]) == sampled["algo.bee_lambda"]
-        assert int(run.data.params["algo.utd_ratio"]) == sampled["algo.utd_ratio"]
-        assert "eval/distance" in run.data.metrics
-
-
-def assert_a_readable_console(captured: pytest.CaptureResult, root: Path, trial_ids: list[str]) -> None:
-    """No trial's own output on the console (its progress lines, Ray's "[repeated ...]" marker for
-    forwarded lines), no colour codes, no hint to run TensorBoard; the status table and a line per
-    trial event, the killed trial's failure in one line; each trial's progress in its trial.log."""
-    console = captured.out + captured.err
-    assert "\x1b[" not in console, console[max(0, console.find("\x1b[") - 1000):][:2000]
-    assert "env_steps" not in console and "repeated" not in console, console[-4000:]
-    assert "tensorboard" not in console.lower()
-    assert "== Status ==" in console and "eval/distance" in console
-    for trial_id in trial_ids:
-        assert f"trial {trial_id} started [" in console and f"trial {trial_id} finished at " in console
-        assert "env_steps" in (root / trial_id / TRIAL_LOG).read_text()
-    (failure,) = [line for line in console.splitlines() if "retried from its last checkpoint" in line]
-    assert "Error" in failure and "traceback: " in failure, failure
-    assert re.search(r"resuming from [\d,]+ env steps", console), console[-4000:]
 
 
 def test_a_failed_trial_is_one_paragraph_on_the_console() -> None:

@@ -6,6 +6,7 @@ else there)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -120,9 +121,12 @@ class ParentRun:
 
     def log(self, metrics: dict[str, float] | None = None, params: dict[str, Any] | None = None,
             tags: dict[str, str] | None = None) -> None:
+        # stamped now: MLflow keeps the newest value of a step as the run's, and with equal stamps the
+        # largest, so a resumed sweep's best (min mode) was hidden behind the one logged when it stopped
+        now_ms = int(time.time() * 1000)
         retry_locked(lambda: self.client.log_batch(
             self.run_id,
-            metrics=[Metric(k, float(v), 0, 0) for k, v in (metrics or {}).items()],
+            metrics=[Metric(k, float(v), now_ms, 0) for k, v in (metrics or {}).items()],
             params=[Param(k, str(v)[:6000]) for k, v in (params or {}).items()],
             tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()],
         ))
