@@ -5,17 +5,14 @@ folder), tiny budgets. The console of each is captured from a file, as a batch j
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 from mlflow.tracking import MlflowClient
+from stopping import stop_with_sigterm
 
-from aa_ray.cli import PREEMPTED_EXIT_CODE
 from aa_ray.runtime.run_record import STOP_REASON_TAG
 from aa_ray.tune.trials import TRIAL_LOG
 
@@ -33,38 +30,10 @@ def write(path: Path, document: dict) -> Path:
     return path
 
 
-def wait_for(condition: Callable[[], bool], process: subprocess.Popen, what: str, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert process.poll() is None, f"the command ended before {what}"
-        assert time.monotonic() < deadline, f"no {what} within {timeout_s:g} s"
-        time.sleep(0.2)
-
-
 def has_step_checkpoint(run_dir: Path) -> bool:
     """A complete step checkpoint (not a .partial) and no final one: the run is mid-way."""
     steps = [c for c in run_dir.glob("checkpoints/step_*") if "." not in c.name and (c / "state.pt").is_file()]
     return bool(steps) and not (run_dir / "checkpoints" / "final").exists()
-
-
-def stop_with_sigterm(command: list[str], log: Path, cwd: Path, ready: Callable[[], bool], what: str) -> str:
-    """Start the command, SIGTERM its driver once `ready`, and check it stopped as a preempted job
-    should: exit 75, no traceback nor Ray's signal dump, the hint to resume. Returns its console."""
-    with log.open("w") as out:
-        process = subprocess.Popen(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            wait_for(ready, process, what)
-            process.send_signal(signal.SIGTERM)  # to the driver alone, as `kill -TERM` and Kubernetes send it
-            process.wait(timeout=180)
-        finally:
-            if process.poll() is None:
-                process.kill()
-    console = log.read_text()
-    assert process.returncode == PREEMPTED_EXIT_CODE, console[-4000:]
-    for crash in ("Traceback", "Fatal Python error", "Stack (most recent call first)"):
-        assert crash not in console, console[-4000:]
-    assert "SIGTERM: stopping the" in console and "--resume latest" in console, console[-4000:]
-    return console
 
 
 def resume(command: list[str], log: Path, cwd: Path) -> str:

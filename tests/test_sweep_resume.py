@@ -8,18 +8,15 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import yaml
 from mlflow.tracking import MlflowClient
+from stopping import stop_with_sigterm
 
-from aa_ray.cli import PREEMPTED_EXIT_CODE
 from aa_ray.runtime.run_record import STOP_REASON_TAG
 from aa_ray.tune.trials import TRIAL_LOG
 
@@ -30,13 +27,6 @@ CHECKPOINT_EVERY = 400
 
 def sweep_command(sweep_file: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "aa_ray.cli", "sweep", str(sweep_file), *args]
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"no {what} within {timeout_s:g} s"
-        time.sleep(0.2)
 
 
 def step_checkpoints(trial_dir: Path) -> list[Path]:
@@ -51,10 +41,10 @@ def two_running_trials_checkpointed_twice(root: Path) -> bool:
     return len(running) >= 2
 
 
-def kill_one_trial(driver: subprocess.Popen) -> int:
+def kill_one_trial() -> int:
     """SIGKILL one trial's own process (the whole trial: its actors run inline in it), as a crashed
     machine would; its pid. (A trial whose learner dies recovers inside the trial: test_reliability.py.)"""
-    for process in psutil.Process(driver.pid).children(recursive=True):  # the sweep's own Ray, no other
+    for process in psutil.Process().children(recursive=True):  # this test's sweep and its Ray, no other
         with contextlib.suppress(psutil.Error):
             if (process.cmdline() or [""])[0].startswith("ray::ImplicitFunc"):
                 process.kill()
@@ -116,26 +106,18 @@ def test_a_sweep_loses_a_trial_then_is_stopped_by_sigterm_and_resumes_every_tria
         "search_space": {"algo.utd_ratio": {"grid": [1, 2]}, "algo.bee_lambda": {"grid": [0.25, 0.5]}},
         "metric": "eval/distance", "mode": "min", "max_concurrent_trials": 2, "max_failures": 1,
     }, sort_keys=False))
-    runs, console = tmp_path / "runs", tmp_path / "stopped.log"
-    with console.open("w") as out:
-        stopped = subprocess.Popen(sweep_command(sweep_file), stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-        try:
-            wait_for(lambda: two_running_trials_checkpointed_twice(runs) or stopped.poll() is not None,
-                     "two running trials with two checkpoints each")
-            assert stopped.poll() is None, "the sweep ended before a trial could be killed"
-            kill_one_trial(stopped)
-            wait_for(lambda: retried_and_going_again(console, runs) or stopped.poll() is not None,
-                     "the killed trial retried from its checkpoint")
-            assert stopped.poll() is None, "the sweep ended before it could be stopped"
-            stopped.send_signal(signal.SIGTERM)  # to the driver alone, as `kill -TERM` and Kubernetes send it
-            stopped.wait(timeout=180)
-        finally:
-            if stopped.poll() is None:
-                stopped.kill()
-    log = console.read_text()
-    assert stopped.returncode == PREEMPTED_EXIT_CODE, log[-4000:]
-    assert "--resume latest" in log
+    runs, killed = tmp_path / "runs", []
+
+    def retried_after_a_kill() -> bool:
+        """Once two running trials checkpointed twice, kill one; ready once it was retried and resumed."""
+        if not killed:
+            if two_running_trials_checkpointed_twice(runs):
+                killed.append(kill_one_trial())
+            return False
+        return retried_and_going_again(tmp_path / "stopped.log", runs)
+
+    log = stop_with_sigterm(sweep_command(sweep_file), tmp_path / "stopped.log", tmp_path, retried_after_a_kill,
+                            "a killed trial retried from its checkpoint")
     assert_a_readable_console(log)
     (root,) = runs.glob("sweep-utd_bee_tiny-*")
     assert json.loads((root / "sweep.json").read_text())["status"] == "preempted"
