@@ -28,16 +28,13 @@ os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
 # Each of the two workers takes whole files from one queue, in this order (pyproject's addopts turn
 # off xdist's own, by tests per file, which put the files of one or two long learning runs last): a
 # long file started last keeps one core busy while the other has nothing left. The long ones (over
-# 25 s of the two workers' time, longest first, as measured in benchmarks/RESULTS.md section 26) go
-# first; the many short files after them even out the end.
+# a minute on 2 cores, longest first) go first; the many short files after them even out the end.
 LONG_FILES_FIRST = [
-    "test_benchmarks_run.py", "test_scale_out.py", "test_reliability.py", "test_user_envs.py",
-    "test_learning_crossq_droq.py", "test_run_and_tracking.py", "test_learning.py", "test_observability.py",
-    "test_gpu_check.py", "test_cluster.py", "test_learning_rlpd.py", "test_sweep_resume.py", "test_tune.py",
-    "test_learning_sac_dist.py", "test_suite_pipeline_resume.py", "test_tracking_outage.py", "test_api.py",
-    "test_mlflow_ui.py", "test_resume_edges.py", "test_plugins.py", "test_suite.py", "test_learning_fast_recipes.py",
-    "test_playground.py", "test_old_checkpoints.py", "test_node_loss.py", "test_learning_td3.py", "test_trackers.py",
-    "test_mlflow_models.py", "test_scale_harness.py", "test_datasets.py",
+    "test_benchmarks_run.py", "test_scale_out.py", "test_learning_rlpd.py", "test_tune.py", "test_learning.py",
+    "test_suite.py", "test_learning_crossq_droq.py", "test_run_and_tracking.py", "test_cluster.py",
+    "test_plugins.py", "test_suite_pipeline_resume.py", "test_api.py", "test_learning_fast_recipes.py",
+    "test_learning_td3.py", "test_learning_ppo.py", "test_learning_sac_dist.py", "test_sweep_resume.py",
+    "test_observability.py", "test_reliability.py", "test_node_loss.py", "test_user_envs.py", "test_datasets.py",
 ]
 
 
