@@ -49,10 +49,12 @@ def part_fleet(args) -> dict:
     policy = build_policy(spec.algo, 17, 6)
     weights = ray.put({k: v.detach() for k, v in policy.state_dict().items()})
     runner_cls = ray.remote(EnvRunner).options(num_cpus=1)
-    fleets = {r: [runner_cls.remote(spec, i) for i in range(r)] for r in ((1, 2) if args.smoke else (1, 2, 4))}
-    for fleet in fleets.values():
-        ray.get([runner.set_weights.remote(weights, 1) for runner in fleet])
-        ray.get([runner.sample.options(num_returns=2).remote(20, False)[1] for runner in fleet])  # warm up
+    # a fleet of r runners is the first r of one set (a runner keeps nothing between samples): fewer
+    # actors to start, and every fleet size measured on the same processes
+    runners = [runner_cls.remote(spec, i) for i in range(2 if args.smoke else 4)]
+    fleets = {r: runners[:r] for r in ((1, 2) if args.smoke else (1, 2, 4))}
+    ray.get([runner.set_weights.remote(weights, 1) for runner in runners])
+    ray.get([runner.sample.options(num_returns=2).remote(20, False)[1] for runner in runners])  # warm up
 
     def collect(fleet: list) -> float:
         start = time.perf_counter()
@@ -145,10 +147,11 @@ def part_async(args) -> dict:
         spec = load_spec(
             SPECS / "sac.yaml",
             [
-                f"runtime.mode={mode}", f"budget.env_steps={args.env_steps}", "runners.num_runners=2",
+                f"runtime.mode={mode}", f"budget.env_steps={args.env_steps}",
+                f"runners.num_runners={1 if args.smoke else 2}",
                 "tracking.enabled=false", "checkpoint.save_replay=false", "checkpoint.every_env_steps=null",
                 f"eval.every_env_steps={args.env_steps}", "runtime.output_dir=/tmp/aa_ray_bench_scale_out",
-                *(["algo.warm_up_steps=200"] if args.smoke else []),  # the spec's 1000 is above the smoke budget
+                *(["algo.warm_up_steps=100"] if args.smoke else []),  # the spec's 1000 is above the smoke budget
             ],
         )
         start = time.perf_counter()
@@ -172,8 +175,8 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=40, help="ddp: updates per timed repetition")
     parser.add_argument("--env-steps", type=int, default=6000, help="async: env-step budget per run")
     args = parser.parse_args()
-    if args.smoke:  # every part once, at the smallest sizes; fleets of 1 and 2 runners
-        args.part, args.reps, args.steps, args.updates, args.env_steps = "all", 1, 20, 2, 600
+    if args.smoke:  # every part once, at the smallest sizes; fleets of 1 and 2 runners, async with one
+        args.part, args.reps, args.steps, args.updates, args.env_steps = "all", 1, 20, 2, 300
     info = machine_info()
     print_machine(info)
     parts = ["fleet", "replay", "ddp", "async"] if args.part == "all" else [args.part]

@@ -29,7 +29,8 @@ def run_check(tmp_path: Path, *args: str, timeout: float = 120) -> dict[str, Any
 
 
 def test_timings_dry_run_gives_every_row(tmp_path: Path) -> None:
-    result = run_check(tmp_path, "--part", "timings")
+    # a 1 s compile cap: the dry run's 4 s lets no CPU compile finish either, and four rows wait on it
+    result = run_check(tmp_path, "--part", "timings", "--compile-cap-s", "1")
     assert result["status"] == "ok", result
     assert {"fp32_256", "bf16_256"} <= set(result["matmul_peak_tflops"])
     assert all(value > 0 for value in result["matmul_peak_tflops"].values())
@@ -40,7 +41,7 @@ def test_timings_dry_run_gives_every_row(tmp_path: Path) -> None:
     for row in rows:
         assert row["gflop_per_update"] > 0
         if row["compile"] == "on" and row["status"] != "ok":
-            # a cold compile takes minutes on a small CPU: the dry run's 4 s cap must cut it short
+            # a cold compile takes minutes on a small CPU: the cap must cut it short
             assert row["status"].startswith("compile timed out"), row
             continue
         assert row["status"] == "ok", row
@@ -55,7 +56,8 @@ def test_compiled_config_in_a_child_process(tmp_path: Path) -> None:
     """On a GPU each compiled config runs in a child process (a compile that crashes or hangs costs
     its row only); the dry run keeps them in-process for speed, so check the child path here: the
     row comes back from the child, timed or cut short by the child's own compile cap."""
-    args = ("--part", "timings", "--algos", "sac", "--compile", "on", "--precisions", "fp32", "--compile-in-child")
+    args = ("--part", "timings", "--algos", "sac", "--compile", "on", "--precisions", "fp32", "--compile-in-child",
+            "--compile-cap-s", "1")
     (row,) = run_check(tmp_path, *args)["timings"]
     assert (row["algo"], row["compile"], row["gflop_per_update"] > 0) == ("sac", "on", True), row
     if row["status"] != "ok":  # the child's soft cap, not the parent's hard kill
@@ -67,7 +69,7 @@ def test_compiled_config_in_a_child_process(tmp_path: Path) -> None:
 def test_train_dry_run_trains_inline_until_the_deadline(tmp_path: Path) -> None:
     """The training slice with runtime.backend inline and tracking off, on Pendulum-v1, given a
     budget it cannot reach: the wall-clock deadline stops it, after one last evaluation."""
-    result = run_check(tmp_path, "--part", "train", "--train-s", "10", "--train-set", "budget.env_steps=1000000")
+    result = run_check(tmp_path, "--part", "train", "--train-s", "5", "--train-set", "budget.env_steps=1000000")
     train = result["train"]
     assert train["status"] == "ok", train
     assert train["deadline_installed"] and train["stop_reason"] == "wall-clock slice"
