@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import ray
 import torch
 
 # Two pytest workers share two cores: one torch thread each, the actors' own default
@@ -49,6 +50,17 @@ def isolated_workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     return tmp_path
+
+
+@pytest.fixture(scope="module")
+def one_ray():
+    """One Ray for a file's runs that kill nothing, joined as a cluster would be, instead of each run
+    starting and stopping its own (about 5 s of start-up each on 2 cores). Runs that kill an actor or
+    ship their own py_modules start their own."""
+    ray.init(address="local", num_cpus=4, include_dashboard=False,  # never a cluster another test started
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}})
+    yield
+    ray.shutdown()
 
 
 # Ray's driver-side daemon threads (log and error listeners, gRPC) can outlive `ray.shutdown()` and

@@ -17,6 +17,7 @@ from html import unescape as html_unescape
 from pathlib import Path
 
 import numpy as np
+import pytest
 import ray
 
 from aa_ray.runtime.metrics import DEFINITIONS, prometheus_name, run_tag
@@ -90,6 +91,23 @@ def test_a_short_run_exposes_every_metric_on_rays_endpoint() -> None:
     assert all(f'run="{run_tag(spec)}"' in tags for tags in seen.values())
 
 
+def test_without_a_gl_backend_videos_are_skipped_with_a_warning(tmp_path: Path) -> None:
+    """No MUJOCO_GL and no display: rendering fails, the run says why once and trains on."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "DISPLAY")}
+    run = subprocess.run(
+        [sys.executable, "-m", "aa_ray.cli", "run", str(ROOT / "specs" / "sac.yaml"), "--no-track", "--plain",
+         "--set", "eval.video=true", "--set", "budget.env_steps=400", "--set", "algo.warm_up_steps=200",
+         "--set", "eval.every_env_steps=200", "--set", "eval.episodes=2", "--set", "algo.actor_hidden_dims=[32,32]",
+         "--set", "algo.critic_hidden_dims=[32,32]"],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+    )
+    output = " ".join((run.stdout + run.stderr).split())  # the progress display wraps long lines
+    assert run.returncode == 0, output[-3000:]
+    assert output.count("event: video_unavailable") == 1 and "cannot render aa_ray/PusherReach-v0 offscreen" in output
+    assert not list(tmp_path.glob("runs/*/videos/*.gif"))
+
+
+@pytest.mark.usefixtures("one_ray")
 def test_report_draws_the_stored_curves(tmp_path: Path) -> None:
     """Two seeds of a small run, children of one parent: `aa-ray report --parent` writes a PNG and a
     self-contained HTML page whose curve data are the stored eval metrics (median over the seeds),
@@ -103,17 +121,13 @@ def test_report_draws_the_stored_curves(tmp_path: Path) -> None:
     from aa_ray.tune.parent import ParentRun
 
     parent = ParentRun("aa-ray", "sweep", "seeds", run_name="sweep:seeds")
-    ray.init(address="local", num_cpus=4, include_dashboard=False)
-    try:
-        for seed in (0, 1):
-            spec = load_spec(ROOT / "specs" / "sac_pendulum.yaml", [
-                f"seed={seed}", "budget.env_steps=800", "algo.warm_up_steps=200", "eval.every_env_steps=200",
-                "eval.episodes=2",
-                "algo.actor_hidden_dims=[32,32]", "algo.critic_hidden_dims=[32,32]", "checkpoint.save_replay=false",
-            ])
-            Trainer(spec, live=False, context=RunContext(parent_run_id=parent.run_id)).run()
-    finally:
-        ray.shutdown()
+    for seed in (0, 1):
+        spec = load_spec(ROOT / "specs" / "sac_pendulum.yaml", [
+            f"seed={seed}", "budget.env_steps=800", "algo.warm_up_steps=200", "eval.every_env_steps=200",
+            "eval.episodes=2",
+            "algo.actor_hidden_dims=[32,32]", "algo.critic_hidden_dims=[32,32]", "checkpoint.save_replay=false",
+        ])
+        Trainer(spec, live=False, context=RunContext(parent_run_id=parent.run_id)).run()
     parent.finish("FINISHED")
 
     out = tmp_path / "report"
@@ -152,6 +166,7 @@ SHORT_EVALUATED_RUN = [
 ]
 
 
+@pytest.mark.usefixtures("one_ray")
 def test_eval_video_is_logged_to_mlflow() -> None:
     """eval.video renders the first eval episode offscreen (EGL here) into a GIF artifact per evaluation."""
     from mlflow.tracking import MlflowClient
@@ -169,6 +184,7 @@ def test_eval_video_is_logged_to_mlflow() -> None:
         assert gif.format == "GIF" and gif.n_frames == 8 and gif.size == (480, 480)
 
 
+@pytest.mark.usefixtures("one_ray")
 def test_phase_timings_are_logged_and_the_trace_opens_as_chrome_trace_json() -> None:
     """Every phase of a tracked Ray run has its time/<phase>_s metric in MLflow, and runtime.trace
     writes one Chrome-trace JSON artifact holding the driver's phases and Ray's actor calls."""
@@ -194,19 +210,3 @@ def test_phase_timings_are_logged_and_the_trace_opens_as_chrome_trace_json() -> 
     assert {m.PHASE_EVAL, m.PHASE_CHECKPOINT, m.PHASE_TRACKING} <= driver
     actor_calls = {event["name"] for event in events}
     assert {"sample", "update", "sample_for_learners", "set_weights", "add"} <= actor_calls, actor_calls
-
-
-def test_without_a_gl_backend_videos_are_skipped_with_a_warning(tmp_path: Path) -> None:
-    """No MUJOCO_GL and no display: rendering fails, the run says why once and trains on."""
-    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "DISPLAY")}
-    run = subprocess.run(
-        [sys.executable, "-m", "aa_ray.cli", "run", str(ROOT / "specs" / "sac.yaml"), "--no-track", "--plain",
-         "--set", "eval.video=true", "--set", "budget.env_steps=400", "--set", "algo.warm_up_steps=200",
-         "--set", "eval.every_env_steps=200", "--set", "eval.episodes=2", "--set", "algo.actor_hidden_dims=[32,32]",
-         "--set", "algo.critic_hidden_dims=[32,32]"],
-        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
-    )
-    output = " ".join((run.stdout + run.stderr).split())  # the progress display wraps long lines
-    assert run.returncode == 0, output[-3000:]
-    assert output.count("event: video_unavailable") == 1 and "cannot render aa_ray/PusherReach-v0 offscreen" in output
-    assert not list(tmp_path.glob("runs/*/videos/*.gif"))

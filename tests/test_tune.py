@@ -9,7 +9,6 @@ import traceback
 from pathlib import Path
 
 import pytest
-import ray
 import yaml
 from mlflow.tracking import MlflowClient
 from ray.exceptions import RayTaskError
@@ -28,16 +27,6 @@ SPECS = Path(__file__).resolve().parents[1] / "specs"
 TINY_EVAL = {"eval.every_env_steps": 500, "eval.episodes": 2}
 TINY_SAC = {"algo.actor_hidden_dims": [32, 32],
     "algo.critic_hidden_dims": [32, 32], "algo.batch_size": 64, "algo.warm_up_steps": 300, **TINY_EVAL}
-
-
-@pytest.fixture(scope="module")
-def one_ray():
-    """The pipelines' invocations join one Ray (as on a cluster) instead of each starting and
-    stopping its own: five Ray start-ups fewer in this file."""
-    ray.init(address="local", num_cpus=4, include_dashboard=False,  # never a cluster another test started
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}})
-    yield
-    ray.shutdown()
 
 
 def write(path: Path, document: dict) -> Path:
