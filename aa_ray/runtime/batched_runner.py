@@ -64,9 +64,11 @@ class BatchedRunner:
         return self.obs_dims, self.act_dim
 
     def close(self) -> None:
+        """As EnvRunner.close: the envs closed and let go of."""
         for envs in (self.envs, self.eval_envs):
             if envs is not None:
                 envs.close()
+        self.envs = self.eval_envs = None
 
     def set_weights(self, state: dict[str, Tensor], version: int) -> None:
         if version != self.policy_version:

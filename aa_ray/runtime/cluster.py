@@ -257,6 +257,13 @@ class RayActors:
         self.node_refs.pop(actor, None)
         self.bundles.pop(actor, None)
 
+    def wait_briefly(self, refs: list[Any], timeout_s: float) -> None:
+        """Wait up to `timeout_s` for calls whose results (or failures) do not matter."""
+        import ray
+
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+
     def _node_of(self, actor: Any) -> str | None:
         """The id of the node `actor` runs (or ran) on, as it said itself; if it never said (it died
         first), the node its bundle is on now; None if neither is known."""

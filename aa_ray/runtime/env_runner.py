@@ -111,10 +111,12 @@ class EnvRunner:
         return self.obs_dims, self.act_dim
 
     def close(self) -> None:
-        """Close the envs (an actor's process ending does it too; in-process users call this)."""
+        """Close the envs and let go of them, so that nothing of theirs is left to finalize when the
+        process ends (the graph calls this before it ends the actor; in-process users call it too)."""
         for envs in (self.envs, self.eval_envs):
             if envs is not None:
                 envs.close()
+        self.envs = self.eval_envs = None
 
     def set_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         if version != self.policy_version:

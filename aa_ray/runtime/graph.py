@@ -170,6 +170,9 @@ class ActorGraph:
         )
 
     def kill(self) -> None:
+        # the runners let go of their envs first: Ray ends an actor's process with SIGTERM, and its
+        # handler raising inside a vector env's __del__ printed a traceback on the user's console
+        self.actors.wait_briefly([runner.close.remote() for runner in self.runners], timeout_s=5.0)
         for actor in [*self.learners, self.replay, *self.runners]:
             if actor is not None:
                 self.actors.kill(actor)

@@ -108,6 +108,9 @@ class InlineActors:
     def kill(self, actor: InlineActor) -> None:
         """Nothing to end: the object goes when the graph lets go of it."""
 
+    def wait_briefly(self, refs: list[Any], timeout_s: float) -> None:
+        """Inline calls ran when they were submitted."""
+
     def dead(self, named: list[tuple[str, Any]]) -> list[str]:
         return []
 
