@@ -159,7 +159,7 @@ def aa_ray_spec(folder: Path, cell: Cell) -> Any:
     }
     document["env"]["kwargs"]["step_s"] = cell.step_s
     document["runners"] = {"num_runners": cell.runners, "envs_per_runner": cell.envs}
-    document["budget"] = {"env_steps": NEVER}
+    document["budget"] = {"env_steps": 2 * NEVER}  # past the warm-up of a collect cell
     path = folder / "spec.yaml"
     path.write_text(yaml.safe_dump(document))
     return load_spec(path)
@@ -342,12 +342,13 @@ def planned(args: argparse.Namespace) -> list[Cell]:
     runner count collection and the whole loop, the two sides alternating who goes first."""
     cells, order = [], 0
     for rep in range(args.reps):
-        if "learn" in args.measures:
+        if "learn" in args.measures and "aa-ray" in args.sides:
             cells.append(Cell("aa-ray", "learn", 0.0, 1, 1, rep))
         for step_s in args.step_s:
             for runners in args.runners:
                 for kind in [m for m in ("collect", "loop") if m in args.measures]:
-                    sides = SIDES if order % 2 == 0 else SIDES[::-1]
+                    sides = [side for side in SIDES if side in args.sides]
+                    sides = sides if order % 2 == 0 else sides[::-1]
                     cells += [Cell(side, kind, step_s, runners, args.envs, rep) for side in sides]
                     order += 1
     return cells
@@ -408,6 +409,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--step-s", type=float, nargs="+", default=[0.0, 0.002], help="env step costs (0: free)")
     parser.add_argument("--measures", nargs="+", choices=["collect", "learn", "loop"],
                         default=["collect", "learn", "loop"])
+    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
     parser.add_argument("--rounds", type=int, default=10, help="sampling rounds per window, at least")
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per window, at least")
     parser.add_argument("--reps", type=int, default=3, help="repetitions of every cell")
