@@ -107,7 +107,7 @@ def test_the_spec_refuses_what_inline_cannot_run(overrides: list[str], named: li
 
 
 def test_an_inline_runners_exception_ends_the_run_naming_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    def broken_env(self: EnvRunner, num_steps: int, random_actions: bool) -> None:
+    def broken_env(self: EnvRunner, num_steps: int, random_actions: bool, *weights: object) -> None:
         raise ValueError("the env broke")
 
     monkeypatch.setattr(EnvRunner, "sample", broken_env)

@@ -80,9 +80,12 @@ class BatchedRunner:
     def to_env_action(self, action: Tensor) -> Tensor:
         return to_bounds(action, self.envs.action_low, self.envs.action_high)
 
-    def sample(self, num_steps: int, random_actions: bool) -> tuple[Transitions, ChunkStats]:
-        """Step all E copies `num_steps` times; the chunk's real transitions (n-step ones with
-        algo.n_step > 1) on the host, and its stats."""
+    def sample(self, num_steps: int, random_actions: bool, weights: dict[str, Tensor] | None = None,
+               version: int = 0) -> tuple[Transitions, ChunkStats]:
+        """Step all E copies `num_steps` times, first loading `weights` (of `version`) if given; the
+        chunk's real transitions (n-step ones with algo.n_step > 1) on the host, and its stats."""
+        if weights is not None:
+            self.set_weights(weights, version)
         start = time.perf_counter()
         self.episodes.start(num_steps)
         moments = MomentSums(self.obs_dims.full, self.device, track_obs=True, track_returns=True)

@@ -129,9 +129,13 @@ class EnvRunner:
         """Map policy actions in [-1, 1] onto the env's bounds (replay keeps the [-1, 1] ones)."""
         return to_bounds(action, self.act_low, self.act_high)
 
-    def sample(self, num_steps: int, random_actions: bool) -> tuple[Transitions, ChunkStats]:
-        """Step every env `num_steps` times. Returns (transitions, stats); stats include the moments
-        of raw observations and returns that the learner merges into its normalizers."""
+    def sample(self, num_steps: int, random_actions: bool, weights: dict[str, torch.Tensor] | None = None,
+               version: int = 0) -> tuple[Transitions, ChunkStats]:
+        """Step every env `num_steps` times, first loading `weights` (of `version`) if given. Returns
+        (transitions, stats); stats include the moments of raw observations and returns that the
+        learner merges into its normalizers."""
+        if weights is not None:
+            self.set_weights(weights, version)
         start = time.perf_counter()
         obs_dim = self.obs.shape[1]
         buf = {

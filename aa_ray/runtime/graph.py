@@ -305,10 +305,14 @@ class ActorGraph:
         """Refs of learner 0's (policy state, version), queued behind its updates so far."""
         return self.learners[0].policy_state.options(num_returns=2).remote()
 
-    def publish_weights(self) -> None:
+    def publish_weights(self, to_runners: bool = True) -> None:
+        """Request learner 0's newest weights and send them to every runner; with `to_runners` off,
+        only request them: the sync loop passes them with each runner's next sample call instead (one
+        call per runner per iteration, the weights themselves put in the object store once)."""
         self.weights = self.request_weights()
-        for runner in self.runners:
-            runner.set_weights.remote(*self.weights)
+        if to_runners:
+            for runner in self.runners:
+                runner.set_weights.remote(*self.weights)
 
     def queue_stats(self, chunk_stats: list[ChunkStats]) -> None:
         """Finished chunks' normalizer moments, for the learners' next update to merge."""

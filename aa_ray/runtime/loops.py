@@ -3,10 +3,14 @@
 
 Sync mode (`SyncLoop`), one iteration in submission order:
 
-    runners.sample(train_every)          # collect with weights v(k-1)
+    runners.sample(train_every, v(k-1))  # load weights v(k-1), collect with them
     replay.sample -> learners.update     # learn from data up to iteration k-1, concurrently
-    learner.policy_state -> runners      # weights v(k) reach runners before their next sample
+    learner.policy_state                 # weights v(k), passed with the runners' next sample calls
     replay.add(new transitions)          # this iteration's data joins the buffer
+
+The driver's work per runner is one call and its result: the weights are put in the object store
+once and passed by reference, the chunks' stats are waited for together, and the transitions go
+from the runners' object stores to the replay actor by reference, never through the driver.
 
 Async mode (`AsyncLoop`, `runtime.mode: async`): nothing waits for a whole iteration. Each runner
 always has a chunk of `train_every` steps in progress and starts the next one as soon as one
@@ -47,7 +51,7 @@ from aa_ray import metric_names as m
 from aa_ray.records import ChunkStats, EpisodeStats, LearnerReport
 from aa_ray.runtime.families import family_of
 from aa_ray.runtime.graph import ActorGraph
-from aa_ray.runtime.remote import ObjectLost, get_or_failure, get_results
+from aa_ray.runtime.remote import ObjectLost, get_each, get_or_failure, get_results
 from aa_ray.spec.experiment import ExperimentSpec
 
 
@@ -99,10 +103,11 @@ def make_loop(spec: ExperimentSpec, graph: ActorGraph, env_steps: int) -> SyncLo
 
 
 def _collect(graph: ActorGraph, sampled: list[tuple[Any, Any]], it: Iteration) -> list[Any]:
-    """Wait for each runner's chunk; replace the runners that failed. The data refs of the rest."""
+    """Wait for every runner's chunk (one wait for all); replace the runners that failed. The data
+    refs of the rest."""
     data = []
-    for index, (data_ref, stats_ref) in enumerate(sampled):
-        stats, failure = get_or_failure(stats_ref)
+    outcomes = get_each([stats_ref for _, stats_ref in sampled])
+    for index, ((data_ref, _), (stats, failure)) in enumerate(zip(sampled, outcomes, strict=True)):
         if failure is not None:
             graph.replace_runner(index, failure)
         else:
@@ -139,11 +144,13 @@ class SyncLoop:
         algo, graph, it = self.spec.algo, self.graph, Iteration()
         self.learning = self.learning or learning_started(self.spec, self.env_steps, graph.replay_size)
         random_actions = self.env_steps < algo.warm_up_steps
-        sampled = [r.sample.options(num_returns=2).remote(algo.train_every, random_actions) for r in graph.runners]
+        weights = graph.weights or ()  # the newest published: each runner loads them before it samples
+        sampled = [r.sample.options(num_returns=2).remote(algo.train_every, random_actions, *weights)
+                   for r in graph.runners]
         update_refs = []
         if self.learning:
             update_refs = graph.submit_update()
-            graph.publish_weights()
+            graph.publish_weights(to_runners=False)  # they go with the next iteration's sample calls
         data = _collect(graph, sampled, it)
         size_ref = graph.replay.add.remote(*data)
         if update_refs:

@@ -144,3 +144,17 @@ def get_or_failure(ref: Any) -> tuple[Any, str | None]:
         return None, describe_failure(err)
     except (ray.exceptions.RayTaskError, ray.exceptions.ObjectLostError) as err:
         return None, describe_failure(err)
+
+
+def get_each(refs: list[Any]) -> list[tuple[Any, str | None]]:
+    """`get_or_failure` of every ref, with one wait for all of them where none failed (a driver's
+    cost per runner is then the result alone, not a call into Ray per runner)."""
+    if refs and not any(isinstance(ref, Ready) for ref in refs):
+        import ray
+
+        try:
+            return [(value, None) for value in ray.get(refs)]
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.ObjectLostError):
+            pass  # one by one, to tell which failed and why
+    return [get_or_failure(ref) for ref in refs]
+
