@@ -91,6 +91,7 @@ def test_a_short_run_exposes_every_metric_on_rays_endpoint() -> None:
     assert all(f'run="{run_tag(spec)}"' in tags for tags in seen.values())
 
 
+# before the tests that share the file's Ray (one_ray), whose idle daemons would slow this command
 def test_without_a_gl_backend_videos_are_skipped_with_a_warning(tmp_path: Path) -> None:
     """No MUJOCO_GL and no display: rendering fails, the run says why once and trains on."""
     env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "DISPLAY")}
