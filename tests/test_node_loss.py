@@ -30,7 +30,8 @@ from aa_ray.spec.loader import load_spec
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 CHECKPOINT_EVERY = 300
-BUDGET = 1200
+# the rebuilt graph runs on past the checks of its actors (at 1,200 the run had once ended, with no error, by then)
+BUDGET = 1800
 RUNNERS, TRAIN_EVERY = 2, 5
 OVERRIDES = [
     "tracking.enabled=false", "checkpoint.save_replay=true", f"checkpoint.every_env_steps={CHECKPOINT_EVERY}",
@@ -157,7 +158,7 @@ def test_lost_nodes_cost_at_most_the_work_since_the_last_checkpoint(cluster: Any
     marks["learner's node killed"] = time.monotonic() - start
     cluster.remove_node(workers[learners_node], allow_graceful=False)
     wait_for(logged("actor_graph_restart"), "the actor graph rebuilt")
-    assert thread.is_alive(), outcome.get("error")  # the rebuilt runners, learner and replay live on the fresh node
+    assert thread.is_alive(), outcome  # the rebuilt runners, learner and replay live on the fresh node
     assert nodes_of(trainer, [*trainer.learners, trainer.graph.replay, *trainer.runners]) == [fresh] * (2 + RUNNERS)
     marks["graph rebuilt"] = time.monotonic() - start
     thread.join(timeout=240)
