@@ -41,10 +41,12 @@ def tensors(tree: object, prefix: str = "") -> dict[str, torch.Tensor]:
 
 
 def test_inline_repeats_the_ray_backends_sync_run_exactly(tmp_path: Path) -> None:
+    """The Ray side calls its two runners through a fleet actor (`runtime.fleet_actor_from=2`), a hop
+    the inline side does not have: the runners still see the same calls in the same order."""
+    ray_side = ["runtime.backend=ray", "runtime.fleet_actor_from=2"]
     results = {
-        backend: Trainer(load_spec(PENDULUM, [*TINY, f"runtime.backend={backend}"]), run_dir=tmp_path / backend,
-                         live=False).run()
-        for backend in ("inline", "ray")
+        backend: Trainer(load_spec(PENDULUM, [*TINY, *overrides]), run_dir=tmp_path / backend, live=False).run()
+        for backend, overrides in (("inline", ["runtime.backend=inline"]), ("ray", ray_side))
     }
     inline, ray = results["inline"], results["ray"]
     assert len(inline.evals) == 2 and inline.evals == ray.evals

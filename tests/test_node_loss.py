@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,7 +21,7 @@ import ray
 from ray.util.placement_group import placement_group_table
 
 from aa_ray.records import ChunkStats, Transitions
-from aa_ray.runtime import loops
+from aa_ray.runtime.fleet import Fleet, FleetChunks
 from aa_ray.runtime.remote import ObjectLost, get_results
 from aa_ray.runtime.replay import ReplayBuffer
 from aa_ray.runtime.trainer import Trainer
@@ -91,7 +90,7 @@ def nodes_of(trainer: Trainer, actors: list[Any]) -> list[str]:
 
 def test_a_chunk_lost_after_its_runner_returned_it_is_dropped_and_the_others_are_stored(cluster: Any) -> None:
     """A runner's chunk waits in its node's object store until the replay actor takes it; lost with
-    the node, it fails the whole add before the add runs (ObjectLost). The loop drops that chunk with
+    the node, it fails the whole add before the add runs (ObjectLost). The fleet drops that chunk with
     its stats and stores the others. (Here an object whose owner died stands in for one whose node
     died: Ray raises an ObjectLostError for both.)"""
 
@@ -107,9 +106,9 @@ def test_a_chunk_lost_after_its_runner_returned_it_is_dropped_and_the_others_are
     data = [ray.put(Transitions.empty(5, 3, 2)), lost, ray.put(Transitions.empty(11, 3, 2))]
     with pytest.raises(ObjectLost, match="an object it needed was lost"):
         get_results(replay.add.remote(*data))
-    it = loops.Iteration(chunks=[ChunkStats(rows, [], 0, None) for rows in (5, 7, 11)])
-    size = loops._stored(SimpleNamespace(replay=replay), replay.add.remote(*data), data, it)
-    assert size == 16 and [stats.env_steps for stats in it.chunks] == [5, 11]
+    chunks = FleetChunks(stats=[ChunkStats(rows, [], 0, None) for rows in (5, 7, 11)])
+    size = Fleet([], replay)._add(chunks, data)
+    assert size == 16 and [stats.env_steps for stats in chunks.stats] == [5, 11]
     ray.kill(replay)
 
 

@@ -156,11 +156,13 @@ def metric_history(run_id: str, key: str) -> list[float]:
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_killed_env_runner_is_replaced_and_the_run_finishes(mode: str) -> None:
     """ray.kill one of two runners mid-run: it is restarted in its bundle, the run finishes its
-    budget, the restart is in MLflow (metric and events.jsonl), and the replay never shrinks."""
+    budget, the restart is in MLflow (metric and events.jsonl), and the replay never shrinks. In sync
+    mode the runners are called through a fleet actor, which finds the dead one and calls its replacement."""
+    fleet = ["runtime.fleet_actor_from=2"] if mode == "sync" else []  # async calls each runner from the driver
     s = load_spec(  # 20 env steps per runner per iteration, not 5: a quarter of the iterations to the budget
         SPECS / "sac.yaml",
         [*SMALL_SAC, "algo.train_every=20", "runners.num_runners=2", "budget.env_steps=2000", f"runtime.mode={mode}",
-         "checkpoint.save_replay=false", "learners.torch_threads=2"],
+         "checkpoint.save_replay=false", "learners.torch_threads=2", *fleet],
     )
     trainer = Trainer(s, live=False)
     outcome: dict = {}

@@ -10,8 +10,10 @@ chosen here only):
 
 Data never passes through the driver: transitions go runner -> replay and replay -> learners,
 weights learner 0 -> runners, all as object refs. Every call is coarse (one per actor per
-iteration). Ray runs each actor's calls in the order they were submitted, which is what keeps
-sync mode reproducible for a fixed seed.
+iteration), and the driver's to the runners go through the `Fleet` (`aa_ray.runtime.fleet`): from
+`runtime.fleet_actor_from` runners on an actor of its own, so the driver makes one call per
+iteration whatever the fleet's size. Ray runs each actor's calls in the order they were
+submitted, which is what keeps sync mode reproducible for a fixed seed.
 
 With several learners, learner 0 opens the torch process group's rendezvous on its own node's
 address and every learner joins it; each is then given its own shard of every global batch.
@@ -51,10 +53,11 @@ from aa_ray.records import (
 from aa_ray.runtime.checkpoint import REPLAY_FILE
 from aa_ray.runtime.cluster import NodeLoss, RayActors
 from aa_ray.runtime.device_learner import DeviceLearner
+from aa_ray.runtime.fleet import Fleet
 from aa_ray.runtime.inline import InlineActors
 from aa_ray.runtime.learner import Learner
 from aa_ray.runtime.metrics import run_tag
-from aa_ray.runtime.remote import ActorLost, LearnerFailed, TrainingError, get_results
+from aa_ray.runtime.remote import ActorLost, LearnerFailed, Ready, TrainingError, get_results
 from aa_ray.runtime.replay import ReplayBuffer
 from aa_ray.runtime.runners import runner_class
 from aa_ray.spec.experiment import ExperimentSpec
@@ -67,6 +70,13 @@ class ActorsSnapshot(NamedTuple):
     replay: dict[str, Any]  # the replay buffer's state; empty without one
     runners: list[dict[str, Any]]  # every runner's state (runtime.mode device: every learner's envs and ring)
     replay_table: Any  # the replay buffer's rows (a pyarrow Table), when asked for and there is a buffer
+
+
+class QueuedUpdate(NamedTuple):
+    """Refs of one learner iteration: every learner's update, and the replay's sample it learns from."""
+
+    updates: list[Any]  # one per learner: its LearnerReport
+    samples: list[Any]  # the replay actor's shards, one per learner
 
 
 class RunnerRestart(NamedTuple):
@@ -100,6 +110,8 @@ class ActorGraph:
         self.first_runner_bundle = spec.learners.num_learners if learning else 0
         self.learners: list[Any] = []
         self.runners: list[Any] = []
+        self.fleet: Any | None = None  # the loops' one call per iteration to every runner (`aa_ray.runtime.fleet`)
+        self.fleet_is_actor = False  # a Ray actor of its own, not a plain object in this process
         self.replay: Any | None = None  # on-policy algorithms learn from fresh rollouts only
         self.prior_info: PriorData | None = None  # what the replay actor loaded from algo.prior_data
         self.weights: tuple[Any, Any] | None = None  # refs of the newest published (policy state, version)
@@ -140,6 +152,8 @@ class ActorGraph:
                 obs_groups=self.obs.groups,
                 bundle=0, num_cpus=spec.runtime.replay_cpus,  # learner 0's bundle: its node
             )
+        if not device_mode:
+            self._start_fleet()
         if len(self.learners) > 1:  # Ray only: the spec refuses several learners inline
             host = self.actors.node_ip(0)  # learner 0's node
             address = get_results(self.learners[0].rendezvous_address.remote(host))
@@ -162,6 +176,23 @@ class ActorGraph:
                     "the env's code; ship it with env.py_modules (or ray job submit --working-dir)"
                 )
 
+    def _start_fleet(self) -> None:
+        """A fleet actor in learner 0's bundle from `runtime.fleet_actor_from` runners on (Ray only);
+        below that, and inline, a plain `Fleet` in this process."""
+        self.fleet_is_actor = (self.spec.runtime.backend == "ray"
+                               and len(self.runners) >= self.spec.runtime.fleet_actor_from)
+        if self.fleet_is_actor:
+            self.fleet = self.actors.start(Fleet, self.runners, self.replay, bundle=0, num_cpus=0)
+        else:
+            self.fleet = Fleet(self.runners, self.replay)
+
+    def call_fleet(self, method: str, *args: Any) -> Any:
+        """Submit one call to the fleet: a ref of its result (in this process: run at once, a `Ready`;
+        its exceptions, a runner's in an inline run, are raised as they are)."""
+        if self.fleet_is_actor:
+            return getattr(self.fleet, method).remote(*args)
+        return Ready(getattr(self.fleet, method)(*args))
+
     def _make_runner(self, index: int, incarnation: int = 0) -> Any:
         return self.actors.start(
             self.runner_class, self.spec, index, incarnation,
@@ -173,10 +204,10 @@ class ActorGraph:
         # the runners let go of their envs first: Ray ends an actor's process with SIGTERM, and its
         # handler raising inside a vector env's __del__ printed a traceback on the user's console
         self.actors.wait_briefly([runner.close.remote() for runner in self.runners], timeout_s=5.0)
-        for actor in [*self.learners, self.replay, *self.runners]:
+        for actor in [*self.learners, self.replay, *self.runners, self.fleet if self.fleet_is_actor else None]:
             if actor is not None:
                 self.actors.kill(actor)
-        self.learners, self.runners, self.replay = [], [], None
+        self.learners, self.runners, self.replay, self.fleet, self.fleet_is_actor = [], [], None, None, False
 
     def close(self) -> None:
         """Kill the actors and give back the placement group (if this graph reserved it)."""
@@ -202,6 +233,8 @@ class ActorGraph:
         self.runners[index] = self._make_runner(index, incarnation=self.runner_restarts)
         if self.weights is not None:
             self.runners[index].set_weights.remote(*self.weights)
+        if self.fleet is not None:
+            self.call_fleet("replace", index, self.runners[index])
         node = lost[0].node_id if lost else None
         self.unreported_restarts.append(RunnerRestart(index, reason, self.runner_restarts, node))
 
@@ -251,6 +284,7 @@ class ActorGraph:
     def _named(self) -> list[tuple[str, Any]]:
         named = [(f"learner {rank}", learner) for rank, learner in enumerate(self.learners)]
         named += [("replay", self.replay)] if self.replay is not None else []
+        named += [("fleet", self.fleet)] if self.fleet_is_actor else []
         return named + [(f"env runner {index}", runner) for index, runner in enumerate(self.runners)]
 
     # ---- checkpoints -----------------------------------------------------------------------------
@@ -318,7 +352,7 @@ class ActorGraph:
         """Finished chunks' normalizer moments, for the learners' next update to merge."""
         self.pending_stats += [stats.moments for stats in chunk_stats]
 
-    def submit_update(self) -> list[Any]:
+    def submit_update(self) -> QueuedUpdate:
         """Queue one learner iteration on every learner: a global stack of the algorithm's
         `updates_per_iteration` batches from the replay actor, one shard per learner, and the
         normalizer moments to merge."""
@@ -330,7 +364,7 @@ class ActorGraph:
         pairs = zip(self.learners, shards, strict=True)
         updates = [learner.update.remote(self.pending_stats, shard) for learner, shard in pairs]
         self.pending_stats = []
-        return updates
+        return QueuedUpdate(updates, shards)
 
     def submit_rollouts(self, rollouts: list[Any]) -> list[Any]:
         """Queue an update on all of this iteration's rollouts on every learner (each takes its share)."""

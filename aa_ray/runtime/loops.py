@@ -3,14 +3,17 @@
 
 Sync mode (`SyncLoop`), one iteration in submission order:
 
-    runners.sample(train_every, v(k-1))  # load weights v(k-1), collect with them
-    replay.sample -> learners.update     # learn from data up to iteration k-1, concurrently
+    replay.sample -> learners.update     # learn from data up to iteration k-1
     learner.policy_state                 # weights v(k), passed with the runners' next sample calls
-    replay.add(new transitions)          # this iteration's data joins the buffer
+    fleet: runners.sample(train_every, v(k-1))  # concurrently: load weights v(k-1), collect with them
+    fleet: replay.add(new transitions)   # once replay.sample has run: this iteration's data joins
 
-The driver's work per runner is one call and its result: the weights are put in the object store
-once and passed by reference, the chunks' stats are waited for together, and the transitions go
-from the runners' object stores to the replay actor by reference, never through the driver.
+The runners are called through the graph's `Fleet` (`aa_ray.runtime.fleet`), one call per
+iteration: the weights are put in the object store once and passed by reference, and the fleet adds
+the chunks to the replay actor (after the learners' sample of the same iteration, whose refs the
+driver hands it) and returns their stats and the replay's size. The transitions go from the runners'
+object stores to the replay actor, never through the driver. In a large fleet the fleet is an actor
+of its own, so the driver's work per iteration does not grow with the runner count.
 
 Async mode (`AsyncLoop`, `runtime.mode: async`): nothing waits for a whole iteration. Each runner
 always has a chunk of `train_every` steps in progress and starts the next one as soon as one
@@ -33,8 +36,8 @@ which a runner failed is not learned from (its envs' share is missing).
 
 A runner that fails is replaced at once (`ActorGraph.replace_runner`) and named in the iteration.
 A chunk whose runner returned it and then lost its node (the transitions were in that node's
-object store: `ObjectLost` when the replay actor takes them) is dropped, uncounted, like the chunk a
-failed runner was collecting; the iteration's other chunks are stored.
+object store: `ObjectLost` when the replay actor takes them) is dropped, uncounted (by the fleet, in
+sync mode), like the chunk a failed runner was collecting; the iteration's other chunks are stored.
 
 The sync and on-policy loops drive Ray actors and `runtime.backend: inline`'s in-process ones
 alike (`aa_ray.runtime.inline`); the async loop waits on whichever Ray ref lands first, so it
@@ -50,8 +53,9 @@ from typing import Any
 from aa_ray import metric_names as m
 from aa_ray.records import ChunkStats, EpisodeStats, LearnerReport
 from aa_ray.runtime.families import family_of
+from aa_ray.runtime.fleet import FleetChunks
 from aa_ray.runtime.graph import ActorGraph
-from aa_ray.runtime.remote import ObjectLost, get_each, get_or_failure, get_results
+from aa_ray.runtime.remote import ActorLost, ObjectLost, get_or_failure, get_results
 from aa_ray.spec.experiment import ExperimentSpec
 
 
@@ -102,36 +106,16 @@ def make_loop(spec: ExperimentSpec, graph: ActorGraph, env_steps: int) -> SyncLo
     return LOOPS[family_of(spec).loop](spec, graph, env_steps)
 
 
-def _collect(graph: ActorGraph, sampled: list[tuple[Any, Any]], it: Iteration) -> list[Any]:
-    """Wait for every runner's chunk (one wait for all); replace the runners that failed. The data
-    refs of the rest."""
-    data = []
-    outcomes = get_each([stats_ref for _, stats_ref in sampled])
-    for index, ((data_ref, _), (stats, failure)) in enumerate(zip(sampled, outcomes, strict=True)):
-        if failure is not None:
-            graph.replace_runner(index, failure)
-        else:
-            data.append(data_ref)
-            it.chunks.append(stats)
-    return data
-
-
-def _stored(graph: ActorGraph, size_ref: Any, data: list[Any], it: Iteration) -> int:
-    """The replay's size once it added the chunks `data` (`it.chunks` holds their stats, in the same
-    order). A chunk lost with its node after its runner returned it made the whole add fail before it
-    ran: it is dropped with its stats, and the others are added again one by one."""
-    try:
-        return get_results(size_ref)
-    except ObjectLost:
-        kept = []
-        for ref, stats in zip(data, it.chunks, strict=True):
-            try:
-                get_results(graph.replay.add.remote(ref))
-                kept.append(stats)
-            except ObjectLost:
-                pass
-        it.chunks = kept
-        return get_results(graph.replay.add.remote())
+def _collect(graph: ActorGraph, fleet_ref: Any, it: Iteration) -> FleetChunks:
+    """Wait for the fleet's iteration; replace the runners that failed. ActorLost if the replay actor
+    was found gone (the trainer rebuilds the graph)."""
+    chunks: FleetChunks = get_results(fleet_ref)
+    for index, failure in chunks.failures:
+        graph.replace_runner(index, failure)
+    if chunks.replay_lost is not None:
+        raise ActorLost(f"the replay actor: {chunks.replay_lost}")
+    it.chunks += chunks.stats
+    return chunks
 
 
 class SyncLoop:
@@ -144,18 +128,16 @@ class SyncLoop:
         algo, graph, it = self.spec.algo, self.graph, Iteration()
         self.learning = self.learning or learning_started(self.spec, self.env_steps, graph.replay_size)
         random_actions = self.env_steps < algo.warm_up_steps
-        weights = graph.weights or ()  # the newest published: each runner loads them before it samples
-        sampled = [r.sample.options(num_returns=2).remote(algo.train_every, random_actions, *weights)
-                   for r in graph.runners]
-        update_refs = []
+        weights = list(graph.weights or ())  # the newest published: each runner loads them before it samples
+        update = None
         if self.learning:
-            update_refs = graph.submit_update()
+            update = graph.submit_update()
             graph.publish_weights(to_runners=False)  # they go with the next iteration's sample calls
-        data = _collect(graph, sampled, it)
-        size_ref = graph.replay.add.remote(*data)
-        if update_refs:
-            it.learner = graph.finish_update(update_refs)
-        graph.replay_size = _stored(graph, size_ref, data, it)
+        after = update.samples if update else []  # this iteration's chunks join the buffer after its sample
+        chunks = _collect(graph, graph.call_fleet("sample", algo.train_every, random_actions, weights, after), it)
+        if update:
+            it.learner = graph.finish_update(update.updates)
+        graph.replay_size = chunks.replay_size
         graph.queue_stats(it.chunks)
         self.env_steps += it.env_steps
         return it
@@ -167,12 +149,12 @@ class OnPolicyLoop:
 
     def step(self) -> Iteration:
         algo, graph, it = self.spec.algo, self.graph, Iteration()
-        sampled = [r.sample_rollout.options(num_returns=2).remote(algo.train_every) for r in graph.runners]
-        rollouts = _collect(graph, sampled, it)
+        chunks = _collect(graph, graph.call_fleet("sample_rollout", algo.train_every, list(graph.weights)), it)
+        rollouts = chunks.rollouts
         graph.queue_stats(it.chunks)
         if len(rollouts) == len(graph.runners):
             it.learner = graph.finish_update(graph.submit_rollouts(rollouts))
-            graph.publish_weights()
+            graph.publish_weights(to_runners=False)  # they go with the next rollout's call
         return it
 
 
@@ -233,7 +215,7 @@ class AsyncLoop:
             if self.learn_start is None and learning_started(self.spec, self.env_steps, graph.replay_size):
                 self.learn_start = self.env_steps
             while self._may_update():
-                self.updates.append((graph.submit_update(), graph.request_weights()))
+                self.updates.append((graph.submit_update().updates, graph.request_weights()))
                 self.submitted += 1
             waiting = list(self.chunks) + ([self.updates[0][0][0]] if self.updates else [])
             [ready], _ = ray.wait(waiting, num_returns=1)

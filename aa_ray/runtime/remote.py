@@ -146,6 +146,16 @@ def get_or_failure(ref: Any) -> tuple[Any, str | None]:
         return None, describe_failure(err)
 
 
+def wait_done(refs: list[Any]) -> None:
+    """Return once every call behind `refs` has ended (or failed), without fetching its result to this
+    process (inline results are done when submitted)."""
+    pending = [ref for ref in refs if not isinstance(ref, Ready)]
+    if pending:
+        import ray
+
+        ray.wait(pending, num_returns=len(pending), fetch_local=False)
+
+
 def get_each(refs: list[Any]) -> list[tuple[Any, str | None]]:
     """`get_or_failure` of every ref, with one wait for all of them where none failed (a driver's
     cost per runner is then the result alone, not a call into Ray per runner)."""

@@ -37,8 +37,10 @@ class Runner(Protocol):
         """Act with these policy weights from now on (a version it has is not loaded again)."""
         ...
 
-    def sample(self, num_steps: int, random_actions: bool) -> tuple[Transitions, ChunkStats]:
-        """Off-policy: step every env copy `num_steps` times; the real transitions and the chunk's stats."""
+    def sample(self, num_steps: int, random_actions: bool, weights: dict[str, torch.Tensor] | None = None,
+               version: int = 0) -> tuple[Transitions, ChunkStats]:
+        """Off-policy: step every env copy `num_steps` times, first loading `weights` of `version` if
+        given (as `set_weights`); the real transitions and the chunk's stats."""
         ...
 
     def sample_rollout(self, num_steps: int) -> tuple[RolloutChunk, ChunkStats]:

@@ -478,6 +478,13 @@ class RuntimeSpec(SpecModel):
         1e5, description="warn (learner/q_exploding) when the critic's largest value exceeds this"
     )
     replay_cpus: PositiveFloat = Field(0.5, description="CPUs reserved for the replay actor")
+    fleet_actor_from: PositiveInt = Field(
+        8,
+        description="from this many env runners on, the sync and on-policy loops call the runners through a fleet "
+        "actor of its own (aa_ray.runtime.fleet), one call per iteration from the driver, so the driver's CPU per "
+        "iteration does not grow with the fleet; below it the driver calls them itself, saving the extra hop. "
+        "Either way the runners see the same calls in the same order (the same numbers for a seed)",
+    )
     placement: Literal["pack", "spread"] = Field(
         "pack",
         description="how the run's placement group lays its bundles over the cluster's nodes. pack: on as few "
