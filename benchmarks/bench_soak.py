@@ -165,9 +165,11 @@ def main() -> None:
     add_smoke(parser)
     args = parser.parse_args()
     settle_s = 5.0  # for the processes' memory to settle before a sample
-    if args.smoke:  # one runner, a replay that fills in seconds, a sample a second
-        args.env_steps, args.buffer_size, args.runners, args.envs, args.interval = 1500, 300, 1, 1, 1.0
+    smoke_overrides: list[str] = []
+    if args.smoke:  # one runner, a replay that fills in seconds, a sample a second, learning from 300 steps
+        args.env_steps, args.buffer_size, args.runners, args.envs, args.interval = 900, 300, 1, 1, 1.0
         settle_s = 1.0
+        smoke_overrides = ["algo.warm_up_steps=300", "eval.episodes=2"]
     info = machine_info()
     print_machine(info)
     print(f"# command: {command_line()}", flush=True)
@@ -179,7 +181,7 @@ def main() -> None:
         f"budget.env_steps={args.env_steps}", f"algo.buffer_size={args.buffer_size}",
         f"algo.train_every={args.train_every}", f"runtime.mode={args.mode}",
         f"eval.every_env_steps={args.env_steps // 4}", f"checkpoint.every_env_steps={args.env_steps // 2}",
-        f"runtime.output_dir={tmp}/runs",
+        f"runtime.output_dir={tmp}/runs", *smoke_overrides,
     ])
     obs, act_dim = env_dims(spec)
     obs_dim = obs.full
