@@ -13,7 +13,7 @@ iteration: the weights are put in the object store once and passed by reference,
 the chunks to the replay actor (after the learners' sample of the same iteration, whose refs the
 driver hands it) and returns their stats and the replay's size. The transitions go from the runners'
 object stores to the replay actor, never through the driver. In a large fleet the fleet is an actor
-of its own, so the driver's work per iteration does not grow with the runner count.
+of its own, so the driver's work per iteration grows little with the runner count.
 
 Async mode (`AsyncLoop`, `runtime.mode: async`): nothing waits for a whole iteration. Each runner
 always has a chunk of `train_every` steps in progress and starts the next one as soon as one

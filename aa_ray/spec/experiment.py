@@ -482,7 +482,7 @@ class RuntimeSpec(SpecModel):
         8,
         description="from this many env runners on, the sync and on-policy loops call the runners through a fleet "
         "actor of its own (aa_ray.runtime.fleet), one call per iteration from the driver, so the driver's CPU per "
-        "iteration does not grow with the fleet; below it the driver calls them itself, saving the extra hop. "
+        "iteration grows little with the fleet; below it the driver calls them itself, saving the extra hop. "
         "Either way the runners see the same calls in the same order (the same numbers for a seed)",
     )
     placement: Literal["pack", "spread"] = Field(
