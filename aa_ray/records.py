@@ -212,6 +212,16 @@ class ReplaySample(NamedTuple):
     transitions: PackedTransitions
     timing: SampleTiming
 
+    @classmethod
+    def side_by_side(cls, parts: Sequence[ReplaySample]) -> ReplaySample:
+        """The replay shards' parts of one learner's sample as one, their rows side by side in each
+        batch (shard 0's first, with the prior rows, if any, at its front). The shards sampled at the
+        same time, so the slowest is the sampling time and the earliest the one the transfer counts from."""
+        if len(parts) == 1:
+            return parts[0]
+        timing = SampleTiming(max(p.timing.sample_s for p in parts), min(p.timing.sampled_at for p in parts))
+        return cls(PackedTransitions.concat([p.transitions for p in parts], axis=1), timing)
+
 
 class Batch(NamedTuple):
     """Replay transitions as tensors on the learner's device. Leading dims are (updates, batch) for a
@@ -402,3 +412,13 @@ def prior_rows(batch_size: int, ratio: float) -> int:
     """RLPD: how many of a batch's rows come from the prior dataset (they come first); the replay
     buffer draws them and the algorithms' diagnostics read them by this one count."""
     return round(ratio * batch_size)
+
+
+def rows_per_replay_shard(batch_size: int, prior: int, shards: int) -> list[tuple[int, int]]:
+    """(prior rows, online rows) each replay shard draws for a batch of `batch_size` rows with
+    `prior` prior rows: shard 0 holds the prior dataset and draws its rows; the online rows are split
+    as evenly as they go (the first shards draw one more where they do not divide). The shards hold
+    the same number of rows (each takes the same runners' chunks), so every stored transition is about
+    as likely to be drawn as from one buffer."""
+    online = batch_size - prior
+    return [(prior if shard == 0 else 0, online // shards + (shard < online % shards)) for shard in range(shards)]

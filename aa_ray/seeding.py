@@ -24,7 +24,7 @@ class Stream(IntEnum):
     EVAL_ENVS = 3  # (): evaluation episodes; the eval video replays the first one
     ROLLOUT_ENVS = 4  # (runner index, incarnation): the env copies `EnvRunner.rollout` records
     LEARNER = 5  # (): network init and the learner's sampling noise (the same on every rank)
-    REPLAY = 6  # (): which replay rows each batch draws
+    REPLAY = 6  # () for the one buffer or shard 0, (shard,) for another shard: which replay rows each batch draws
 
 
 def stream(spec_seed: int, name: Stream, *key: int) -> np.random.SeedSequence:
@@ -76,5 +76,6 @@ def learner_seed(spec_seed: int) -> int:
     return words(stream(spec_seed, Stream.LEARNER), 1)[0]
 
 
-def replay_rng(spec_seed: int) -> np.random.Generator:
-    return np.random.default_rng(stream(spec_seed, Stream.REPLAY))
+def replay_rng(spec_seed: int, shard: int = 0) -> np.random.Generator:
+    """Replay shard `shard`'s draws; shard 0's are the unsharded buffer's (the same runs for a seed)."""
+    return np.random.default_rng(stream(spec_seed, Stream.REPLAY, *((shard,) if shard else ())))

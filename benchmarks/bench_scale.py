@@ -91,21 +91,29 @@ def process_kind(proc: psutil.Process) -> str:
         return "ray"
     if title.startswith("ray::"):
         name = title[5:].split(".")[0].split(" ")[0]
-        return name if name in ("EnvRunner", "ReplayBuffer", "Learner") else "ray"
+        return name if name in ("EnvRunner", "ReplayBuffer", "Learner", "Fleet") else "ray"
     return "ray"
 
 
-def cpu_by_kind() -> dict[str, float]:
+def cpu_by_process() -> dict[int, tuple[str, float]]:
     """CPU seconds (user + system) so far of this process and every process under it (the whole
-    simulated cluster: cluster_utils starts its daemons, which start the workers), by kind."""
-    seconds: dict[str, float] = defaultdict(float)
+    simulated cluster: cluster_utils starts its daemons, which start the workers), with its kind."""
+    seconds: dict[int, tuple[str, float]] = {}
     me = psutil.Process()
     for proc in [me, *me.children(recursive=True)]:
         try:
             times = proc.cpu_times()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        seconds[process_kind(proc)] += times.user + times.system
+        seconds[proc.pid] = (process_kind(proc), times.user + times.system)
+    return seconds
+
+
+def cpu_by_kind() -> dict[str, float]:
+    """`cpu_by_process` summed by kind."""
+    seconds: dict[str, float] = defaultdict(float)
+    for kind, spent in cpu_by_process().values():
+        seconds[kind] += spent
     return dict(seconds)
 
 
@@ -117,7 +125,7 @@ class Sample:
     learner_busy_s: float  # learner update seconds so far (the learner's own clock)
     collecting_s: float  # seconds the slowest runner spent collecting, summed over iterations
     gradient_updates: float  # the learners' gradient updates so far
-    cpu: dict[str, float]
+    cpu: dict[int, tuple[str, float]]  # pid -> (kind, CPU seconds so far)
 
 
 @dataclass
@@ -134,6 +142,8 @@ class Cell:
     learner_busy: float = 0.0  # fraction of the window the learner spent in its update call (host work included)
     device_busy: float = 0.0  # fraction of the window a GPU would compute: updates x update_s (timed learner)
     runners_busy: float = 0.0  # fraction of the window the runners spent collecting (stepping envs and acting)
+    # each kind's busiest process: its CPU seconds / the window (1.0: a core's worth, the most one process can use)
+    busiest_process: dict[str, float] = field(default_factory=dict)
     placement: dict[str, list[int]] = field(default_factory=dict)  # actor kind -> the node (index) of each
     status: str = "ok"
 
@@ -167,7 +177,7 @@ class IterationLog:
             self.learning_since = self.learning_since or now
             if not self.samples or now - self.samples[-1].wall >= SAMPLE_EVERY_S:
                 self.samples.append(Sample(now, env_steps, self.iterations, self.busy_s, self.collecting_s,
-                                           self.updates, cpu_by_kind()))
+                                           self.updates, cpu_by_process()))
 
         trainer.record.show = show_and_stamp
 
@@ -191,8 +201,11 @@ class IterationLog:
         cell.learner_busy = (last.learner_busy_s - first.learner_busy_s) / cell.window_s
         cell.device_busy = (last.gradient_updates - first.gradient_updates) * update_s / cell.window_s
         cell.runners_busy = (last.collecting_s - first.collecting_s) / cell.window_s
-        kinds = set(first.cpu) | set(last.cpu)
-        used = {kind: last.cpu.get(kind, 0.0) - first.cpu.get(kind, 0.0) for kind in kinds}
+        used: dict[str, float] = defaultdict(float)
+        for pid, (kind, seconds) in last.cpu.items():
+            spent = seconds - first.cpu.get(pid, (kind, 0.0))[1]
+            used[kind] += spent
+            cell.busiest_process[kind] = max(cell.busiest_process.get(kind, 0.0), spent / cell.window_s)
         cell.cpu_us_per_transition = {kind: 1e6 * s / steps for kind, s in sorted(used.items())} if steps else {}
         cell.cpu_us_per_transition["total"] = sum(cell.cpu_us_per_transition.values())
         cell.driver_cpu_ms_per_iteration = 1e3 * used.get("driver", 0.0) / max(cell.iterations, 1)
@@ -201,8 +214,8 @@ class IterationLog:
 
 def actor_nodes(spec: Any, graph: Any) -> dict[str, list[int]]:
     """Which node (an index in the order Ray lists the nodes) holds each actor of the run, read from
-    its placement group's table in the order of `spec.bundles()` (learners, runners; the replay actor
-    in learner 0's bundle)."""
+    its placement group's table in the order of `spec.bundles()` (learners, runners; replay shard 0 in
+    learner 0's bundle, each other shard in its first runner's)."""
     import ray
 
     group = getattr(graph.actors, "group", None)
@@ -212,8 +225,9 @@ def actor_nodes(spec: Any, graph: Any) -> dict[str, list[int]]:
     table = ray.util.placement_group_table(group)["bundles_to_node_id"]
     where = [nodes.index(table[graph.actors.bundle_offset + i]) for i in range(len(spec.bundles()))]
     learners = spec.learners.num_learners
-    return {"learners": where[:learners], "replay": where[:1] if spec.algo.replay_actor else [],
-            "runners": where[learners:]}
+    replay = [where[0] if shard == 0 else where[learners + spec.first_runner_of_replay_shard(shard)]
+              for shard in range(spec.runtime.replay_shards)] if spec.algo.replay_actor else []
+    return {"learners": where[:learners], "replay": replay, "runners": where[learners:]}
 
 
 def measure(config: dict[str, Any], overrides: Sequence[str], seconds: float, settle_s: float = 1.0) -> Cell:
@@ -272,10 +286,12 @@ def show_cells(cells: Sequence[Cell], columns: Sequence[str]) -> None:
                      f"{cell.env_steps_per_s / cell.config['ideal']:.0%}" if cell.config.get("ideal") else "",
                      round(cpu.get("total", 0.0), 1), round(cell.driver_ms_per_iteration, 1),
                      round(cell.driver_cpu_ms_per_iteration, 1),
-                     f"{cell.runners_busy:.0%}", f"{cell.learner_busy:.0%}", f"{cell.device_busy:.0%}", cell.status])
+                     f"{cell.runners_busy:.0%}", f"{cell.learner_busy:.0%}", f"{cell.device_busy:.0%}",
+                     f"{cell.busiest_process.get('ReplayBuffer', 0.0):.0%}", cell.status])
     print_table([*columns, "env steps/s", "ideal", "efficiency", "CPU us/transition", "ms/iteration",
                  "driver CPU ms/iteration",
-                 "runners collecting", "learner in update", "GPU busy (simulated)", "status"], rows)
+                 "runners collecting", "learner in update", "GPU busy (simulated)", "busiest replay actor's CPU",
+                 "status"], rows)
 
 
 # ---- the parts ------------------------------------------------------------------------------------------------

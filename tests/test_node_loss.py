@@ -21,7 +21,7 @@ import ray
 from ray.util.placement_group import placement_group_table
 
 from aa_ray.records import ChunkStats, Transitions
-from aa_ray.runtime.fleet import Fleet, FleetChunks
+from aa_ray.runtime.fleet import Fleet
 from aa_ray.runtime.remote import ObjectLost, get_results
 from aa_ray.runtime.replay import ReplayBuffer
 from aa_ray.runtime.trainer import Trainer
@@ -106,9 +106,9 @@ def test_a_chunk_lost_after_its_runner_returned_it_is_dropped_and_the_others_are
     data = [ray.put(Transitions.empty(5, 3, 2)), lost, ray.put(Transitions.empty(11, 3, 2))]
     with pytest.raises(ObjectLost, match="an object it needed was lost"):
         get_results(replay.add.remote(*data))
-    chunks = FleetChunks(stats=[ChunkStats(rows, [], 0, None) for rows in (5, 7, 11)])
-    size = Fleet([], replay)._add(chunks, data)
-    assert size == 16 and [stats.env_steps for stats in chunks.stats] == [5, 11]
+    stats = [ChunkStats(rows, [], 0, None) for rows in (5, 7, 11)]
+    size, kept = Fleet._added(replay, list(zip(data, stats, strict=True)), replay.add.remote(*data))
+    assert size == 16 and [chunk.env_steps for chunk in kept] == [5, 11]
     ray.kill(replay)
 
 
@@ -158,7 +158,7 @@ def test_lost_nodes_cost_at_most_the_work_since_the_last_checkpoint(cluster: Any
     cluster.remove_node(workers[learners_node], allow_graceful=False)
     wait_for(logged("actor_graph_restart"), "the actor graph rebuilt")
     assert thread.is_alive(), outcome  # the rebuilt runners, learner and replay live on the fresh node
-    assert nodes_of(trainer, [*trainer.learners, trainer.graph.replay, *trainer.runners]) == [fresh] * (2 + RUNNERS)
+    assert nodes_of(trainer, [*trainer.learners, *trainer.graph.replays, *trainer.runners]) == [fresh] * (2 + RUNNERS)
     marks["graph rebuilt"] = time.monotonic() - start
     thread.join(timeout=240)
     marks["run finished"] = time.monotonic() - start

@@ -97,7 +97,8 @@ class OffPolicy:
     def learn(self, algo: Algorithm, cfg: OffPolicyKnobs,
               data: Sequence[ReplaySample | PackedTransitions | Transitions | DeviceSample], shard: LearnerShard
               ) -> Learned:
-        (sample,) = data
+        # one sample, or one part per replay shard (runtime.replay_shards), laid side by side
+        sample = ReplaySample.side_by_side(data) if len(data) > 1 else data[0]
         if isinstance(sample, DeviceSample):  # runtime.mode device: batches drawn on this learner's device
             rows, fleet_steps = sample.rows, sample.fleet_steps  # (the spec refuses sym_aug there)
         else:

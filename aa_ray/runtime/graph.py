@@ -30,8 +30,13 @@ placement group to have re-placed the lost node's bundles on the surviving nodes
 `runtime.max_runner_restarts` (that limit is for runners that crash).
 Inline actors are neither replaced nor rebuilt: an exception in one ends the run.
 
-RLPD (`algo.prior_data` set): the replay actor loads the dataset into its prior buffer, and every
-batch it samples is `[prior rows | online rows]` at `algo.prior_data_ratio`; the dataset's
+Replay shards (`runtime.replay_shards` > 1): several replay actors, each taking the chunks of its
+block of runners (`spec.replay_shard_of`); every learner's sample is drawn from all of them, each
+its part of every batch (`records.rows_per_replay_shard`), and the learner lays the parts side by
+side. Shard 0 sits in learner 0's bundle, each other in its first runner's.
+
+RLPD (`algo.prior_data` set): the replay actor (shard 0) loads the dataset into its prior buffer,
+and every batch it samples is `[prior rows | online rows]` at `algo.prior_data_ratio`; the dataset's
 observations seed the observation normalizer's statistics (`queue_prior_stats`).
 """
 
@@ -48,7 +53,9 @@ from aa_ray.records import (
     NormMoments,
     ObsDims,
     PriorData,
+    prior_rows,
     return_moments,
+    rows_per_replay_shard,
 )
 from aa_ray.runtime.checkpoint import REPLAY_FILE
 from aa_ray.runtime.cluster import NodeLoss, RayActors
@@ -58,7 +65,7 @@ from aa_ray.runtime.inline import InlineActors
 from aa_ray.runtime.learner import Learner
 from aa_ray.runtime.metrics import run_tag
 from aa_ray.runtime.remote import ActorLost, LearnerFailed, Ready, TrainingError, get_results
-from aa_ray.runtime.replay import ReplayBuffer
+from aa_ray.runtime.replay import ReplayBuffer, join_shards, split_shards
 from aa_ray.runtime.runners import runner_class
 from aa_ray.spec.experiment import ExperimentSpec
 
@@ -67,16 +74,16 @@ class ActorsSnapshot(NamedTuple):
     """The actors' part of a checkpoint."""
 
     learner: LearnerState  # learner 0's (every learner holds the same)
-    replay: dict[str, Any]  # the replay buffer's state; empty without one
+    replay: dict[str, Any]  # the replay buffer's state (its shards' in a list); empty without one
     runners: list[dict[str, Any]]  # every runner's state (runtime.mode device: every learner's envs and ring)
-    replay_table: Any  # the replay buffer's rows (a pyarrow Table), when asked for and there is a buffer
+    replay_table: Any  # the replay buffer's rows (a pyarrow Table, every shard's), when asked for and there is one
 
 
 class QueuedUpdate(NamedTuple):
     """Refs of one learner iteration: every learner's update, and the replay's sample it learns from."""
 
     updates: list[Any]  # one per learner: its LearnerReport
-    samples: list[Any]  # the replay actor's shards, one per learner
+    samples: list[Any]  # the replay shards' samples, every shard's for each learner
 
 
 class RunnerRestart(NamedTuple):
@@ -112,11 +119,12 @@ class ActorGraph:
         self.runners: list[Any] = []
         self.fleet: Any | None = None  # the loops' one call per iteration to every runner (`aa_ray.runtime.fleet`)
         self.fleet_is_actor = False  # a Ray actor of its own, not a plain object in this process
-        self.replay: Any | None = None  # on-policy algorithms learn from fresh rollouts only
+        self.replays: list[Any] = []  # the replay shards (one replay actor by default); none on-policy
         self.prior_info: PriorData | None = None  # what the replay actor loaded from algo.prior_data
         self.weights: tuple[Any, Any] | None = None  # refs of the newest published (policy state, version)
         self.pending_stats: list[NormMoments] = []  # runners' normalizer moments the learners have not merged yet
-        self.replay_size = 0
+        self.replay_size = 0  # transitions in the replay shards together
+        self.shard_sizes: list[int] = []  # each replay shard's, as the async loop's adds return them
         self.runner_restarts = 0
         self.runners_lost_with_nodes = 0  # the restarts that were not the runner's own fault
         self.unreported_restarts: list[RunnerRestart] = []  # replaced runners the driver has not told yet
@@ -147,11 +155,8 @@ class ActorGraph:
             self.runners = [self._make_runner(index) for index in range(spec.runners.num_runners)]
             self._check_envs(self.runners, "env runner")
         if spec.algo.replay_actor and not device_mode:
-            self.replay = self.actors.start(
-                ReplayBuffer, spec.algo.buffer_size, self.obs.full, self.act_dim, seed=spec.seed, run=run_tag(spec),
-                obs_groups=self.obs.groups,
-                bundle=0, num_cpus=spec.runtime.replay_cpus,  # learner 0's bundle: its node
-            )
+            self.replays = [self._make_replay(shard) for shard in range(spec.runtime.replay_shards)]
+            self.shard_sizes = [0] * len(self.replays)
         if not device_mode:
             self._start_fleet()
         if len(self.learners) > 1:  # Ray only: the spec refuses several learners inline
@@ -161,7 +166,7 @@ class ActorGraph:
         if self.prior_path is not None:
             algo = spec.algo
             self.prior_info = get_results(
-                self.replay.load_prior.remote(str(self.prior_path), algo.prior_data_ratio, algo.gamma, spec.env.id)
+                self.replays[0].load_prior.remote(str(self.prior_path), algo.prior_data_ratio, algo.gamma, spec.env.id)
             )
 
     def _check_envs(self, actors: list[Any], what: str) -> None:
@@ -182,9 +187,13 @@ class ActorGraph:
         self.fleet_is_actor = (self.spec.runtime.backend == "ray"
                                and len(self.runners) >= self.spec.runtime.fleet_actor_from)
         if self.fleet_is_actor:
-            self.fleet = self.actors.start(Fleet, self.runners, self.replay, bundle=0, num_cpus=0)
+            self.fleet = self.actors.start(Fleet, self.runners, self.replays, self._shard_of_runner(), bundle=0,
+                                           num_cpus=0)
         else:
-            self.fleet = Fleet(self.runners, self.replay)
+            self.fleet = Fleet(self.runners, self.replays, self._shard_of_runner())
+
+    def _shard_of_runner(self) -> list[int]:
+        return [self.spec.replay_shard_of(index) for index in range(len(self.runners))]
 
     def call_fleet(self, method: str, *args: Any) -> Any:
         """Submit one call to the fleet: a ref of its result (in this process: run at once, a `Ready`;
@@ -192,6 +201,16 @@ class ActorGraph:
         if self.fleet_is_actor:
             return getattr(self.fleet, method).remote(*args)
         return Ready(getattr(self.fleet, method)(*args))
+
+    def _make_replay(self, shard: int) -> Any:
+        spec, shards = self.spec, self.spec.runtime.replay_shards
+        # shard 0 in learner 0's bundle (its node: the samples reach learner 0 through shared memory)
+        bundle = 0 if shard == 0 else self.first_runner_bundle + spec.first_runner_of_replay_shard(shard)
+        return self.actors.start(
+            ReplayBuffer, -(-spec.algo.buffer_size // shards), self.obs.full, self.act_dim, seed=spec.seed,
+            run=run_tag(spec), obs_groups=self.obs.groups, shard=shard,
+            bundle=bundle, num_cpus=spec.runtime.replay_cpus,
+        )
 
     def _make_runner(self, index: int, incarnation: int = 0) -> Any:
         return self.actors.start(
@@ -204,10 +223,10 @@ class ActorGraph:
         # the runners let go of their envs first: Ray ends an actor's process with SIGTERM, and its
         # handler raising inside a vector env's __del__ printed a traceback on the user's console
         self.actors.wait_briefly([runner.close.remote() for runner in self.runners], timeout_s=5.0)
-        for actor in [*self.learners, self.replay, *self.runners, self.fleet if self.fleet_is_actor else None]:
+        for actor in [*self.learners, *self.replays, *self.runners, self.fleet if self.fleet_is_actor else None]:
             if actor is not None:
                 self.actors.kill(actor)
-        self.learners, self.runners, self.replay, self.fleet, self.fleet_is_actor = [], [], None, None, False
+        self.learners, self.runners, self.replays, self.fleet, self.fleet_is_actor = [], [], [], None, False
 
     def close(self) -> None:
         """Kill the actors and give back the placement group (if this graph reserved it)."""
@@ -283,7 +302,8 @@ class ActorGraph:
 
     def _named(self) -> list[tuple[str, Any]]:
         named = [(f"learner {rank}", learner) for rank, learner in enumerate(self.learners)]
-        named += [("replay", self.replay)] if self.replay is not None else []
+        named += [("replay" if len(self.replays) == 1 else f"replay shard {shard}", replay)
+                  for shard, replay in enumerate(self.replays)]
         named += [("fleet", self.fleet)] if self.fleet_is_actor else []
         return named + [(f"env runner {index}", runner) for index, runner in enumerate(self.runners)]
 
@@ -296,21 +316,23 @@ class ActorGraph:
             with_ring = self.spec.checkpoint.save_replay
             runner_refs = [learner.runner_state.remote(with_ring) for learner in self.learners]
             return ActorsSnapshot(get_results(learner_ref), {}, get_results(runner_refs), None)
-        replay_refs = []
-        if self.replay is not None:
-            replay_refs = [self.replay.state.remote()]
-            if with_replay_table:
-                replay_refs.append(self.replay.to_table.remote())
+        state_refs = [replay.state.remote() for replay in self.replays]
+        table_refs = [replay.to_table.remote() for replay in self.replays] if with_replay_table else []
         runner_refs = [runner.state.remote() for runner in self.runners]
-        replay_state, replay_table = (get_results(replay_refs) + [None, None])[:2]
-        return ActorsSnapshot(get_results(learner_ref), replay_state or {}, get_results(runner_refs), replay_table)
+        states, tables = get_results(state_refs), get_results(table_refs)
+        replay_state = {} if not states else states[0] if len(states) == 1 else {"shards": states}
+        replay_table = join_shards(tables) if tables else None
+        return ActorsSnapshot(get_results(learner_ref), replay_state, get_results(runner_refs), replay_table)
 
     def restore(self, checkpoint: Checkpoint, replay_table: Any) -> None:
         """Load a checkpoint's learner, replay and runner state into the actors."""
         calls = [learner.load_state_dict.remote(checkpoint.learner) for learner in self.learners]
-        if self.replay is not None and replay_table is not None:
+        if self.replays and replay_table is not None:
             source = str(checkpoint.folder / REPLAY_FILE)
-            calls.append(self.replay.load_table.remote(replay_table, checkpoint.replay, source))
+            tables, states = split_shards(replay_table, checkpoint.replay, len(self.replays))
+            calls += [replay.load_table.remote(table, state, source)
+                      for replay, table, state in zip(self.replays, tables, states, strict=True)]
+            self.shard_sizes = [table.num_rows for table in tables]
             self.replay_size = replay_table.num_rows
         runner_states = checkpoint.runners
         for runner, state in zip(self.runners, runner_states, strict=False):
@@ -352,19 +374,34 @@ class ActorGraph:
         """Finished chunks' normalizer moments, for the learners' next update to merge."""
         self.pending_stats += [stats.moments for stats in chunk_stats]
 
+    def add_chunk(self, runner: int, transitions: Any) -> None:
+        """The async loop's add: runner `runner`'s chunk (a ref) into its replay shard, at once.
+        ObjectLost when the chunk was lost with its runner's node."""
+        shard = self.spec.replay_shard_of(runner)
+        self.shard_sizes[shard] = get_results(self.replays[shard].add.remote(transitions))
+        self.replay_size = sum(self.shard_sizes)
+
     def submit_update(self) -> QueuedUpdate:
         """Queue one learner iteration on every learner: a global stack of the algorithm's
         `updates_per_iteration` batches from the replay actor, one shard per learner, and the
         normalizer moments to merge."""
         algo, num_learners = self.spec.algo, len(self.learners)
-        shards = self.replay.sample_for_learners.options(num_returns=num_learners).remote(
-            algo.updates_per_iteration, algo.batch_size, num_learners
-        )
-        shards = [shards] if num_learners == 1 else shards
-        pairs = zip(self.learners, shards, strict=True)
-        updates = [learner.update.remote(self.pending_stats, shard) for learner, shard in pairs]
+        if len(self.replays) == 1:
+            parts = [self.replays[0].sample_for_learners.options(num_returns=num_learners).remote(
+                algo.updates_per_iteration, algo.batch_size, num_learners
+            )]
+        else:  # every shard its part of every learner's batches
+            rows = algo.batch_size // num_learners
+            prior = prior_rows(rows, algo.prior_data_ratio) if self.prior_info is not None else 0
+            split = rows_per_replay_shard(rows, prior, len(self.replays))
+            parts = [replay.sample_part.options(num_returns=num_learners).remote(
+                algo.updates_per_iteration, n_prior, n_online, num_learners
+            ) for replay, (n_prior, n_online) in zip(self.replays, split, strict=True)]
+        per_learner = [[part] if num_learners == 1 else part for part in parts]  # [shard][learner]
+        updates = [learner.update.remote(self.pending_stats, *(shard[rank] for shard in per_learner))
+                   for rank, learner in enumerate(self.learners)]
         self.pending_stats = []
-        return QueuedUpdate(updates, shards)
+        return QueuedUpdate(updates, [ref for shard in per_learner for ref in shard])
 
     def submit_rollouts(self, rollouts: list[Any]) -> list[Any]:
         """Queue an update on all of this iteration's rollouts on every learner (each takes its share)."""

@@ -169,7 +169,8 @@ class Learner:
     def update(self, norm_stats: Sequence[NormMoments], *data: Any, also_read: torch.Tensor | None = None
                ) -> LearnerReport:
         """One learner iteration on the family's data: one `ReplaySample` (this learner's shard of the
-        global batch, (fleet_steps * utd_ratio, batch) transitions) off-policy, or a `DeviceSample`
+        global batch, (fleet_steps * utd_ratio, batch) transitions; one part of it per replay shard with
+        `runtime.replay_shards`) off-policy, or a `DeviceSample`
         already on this learner's device (runtime.mode device), every runner's `RolloutChunk`
         on-policy. `norm_stats` are the runners' moments of the data collected since the last call;
         every rank merges the same list, so the normalizers agree. They are merged before or after the
@@ -195,10 +196,11 @@ class Learner:
         self.gradient_updates += learned.updates
         report = self._finish(learned.diagnostics, learned.updates, start, also_read)
         report.metrics[m.LEARNER_GRADIENT_UPDATES] = float(self.gradient_updates)
-        for sample in data:
-            if isinstance(sample, ReplaySample):  # the replay actor's timings (runtime/phases.py)
-                report.phases[m.PHASE_REPLAY_SAMPLE] = sample.timing.sample_s
-                report.phases[m.PHASE_TRANSFER] = max(received - sample.timing.sampled_at, 0.0)
+        samples = [sample for sample in data if isinstance(sample, ReplaySample)]
+        if samples:  # the replay actors' timings (runtime/phases.py)
+            timing = ReplaySample.side_by_side(samples).timing
+            report.phases[m.PHASE_REPLAY_SAMPLE] = timing.sample_s
+            report.phases[m.PHASE_TRANSFER] = max(received - timing.sampled_at, 0.0)
         return report
 
     def _eager_if_compiling_fails(self, update: Callable[[], LearnerReport]) -> LearnerReport:

@@ -244,7 +244,7 @@ class AsyncLoop:
             self.runner_version[index] = -1  # the replacement gets weights with its first chunk
             return False
         try:
-            self.graph.replay_size = get_results(self.graph.replay.add.remote(transitions))
+            self.graph.add_chunk(index, transitions)
         except ObjectLost:  # the runner returned it, then lost its node: dropped (the runner is replaced next)
             return False
         it.policy_lags.append(self.published - version)

@@ -2,8 +2,8 @@
 agent beside Ray's, for the Grafana dashboard in `dashboards/`.
 
 Prometheus names are `ray_` + the name below (+ `_total` for counters). Tags stay few and small
-so the series count does not grow with a run's length: `run` (spec name and hash), `runner` or
-`rank` (small integers), `loss` (one of the algorithm's loss names).
+so the series count does not grow with a run's length: `run` (spec name and hash), `runner`,
+`rank` or `shard` (small integers), `loss` (one of the algorithm's loss names).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from aa_ray.spec.loader import spec_hash
 DEFINITIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "aa_ray_env_steps": ("counter", "env steps (transitions) collected by a runner", ("run", "runner")),
     "aa_ray_env_steps_per_s": ("gauge", "a runner's env steps per second over its last chunk", ("run", "runner")),
-    "aa_ray_replay_size": ("gauge", "transitions stored in the replay buffer", ("run",)),
-    "aa_ray_replay_sampled": ("counter", "transitions sampled from the replay buffer", ("run",)),
+    "aa_ray_replay_size": ("gauge", "transitions stored in a replay shard (the buffer, unsharded)", ("run", "shard")),
+    "aa_ray_replay_sampled": ("counter", "transitions sampled from a replay shard", ("run", "shard")),
     "aa_ray_learner_updates": ("counter", "gradient updates made by a learner", ("run", "rank")),
     "aa_ray_learner_updates_per_s": ("gauge", "a learner's gradient updates per second in its last call",
                                      ("run", "rank")),

@@ -3,7 +3,9 @@ optional prior buffer of dataset transitions for RLPD."""
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +26,9 @@ from aa_ray.runtime.metrics import RunMetrics
 
 FIELDS = Transitions._fields
 
-__all__ = ["FIELDS", "ReplayBuffer", "prior_rows"]
+__all__ = ["FIELDS", "ReplayBuffer", "join_shards", "prior_rows", "split_shards"]
+
+SHARDS_KEY = b"aa_ray.shards"  # a joined table's metadata: each replay shard's [rows, cursor], in shard order
 
 
 class ReplayBuffer:
@@ -41,11 +45,12 @@ class ReplayBuffer:
 
     def __init__(
         self, capacity: int, obs_dim: int, act_dim: int, seed: int, run: str | None = None,
-        obs_groups: tuple[tuple[str, int], ...] = (),
+        obs_groups: tuple[tuple[str, int], ...] = (), shard: int = 0,
     ):
-        """`seed` is the spec's seed: the buffer samples from its own stream of it (`seeding.replay_rng`).
-        `obs_groups`: a Dict observation's (key, features) in the order the flat observation holds
-        them (`aa_ray.envs.obs_groups`); the saved table keeps one column per key."""
+        """`seed` is the spec's seed: the buffer samples from its own stream of it (`seeding.replay_rng`;
+        replay shard `shard` > 0 from a stream of its own). `obs_groups`: a Dict observation's (key,
+        features) in the order the flat observation holds them (`aa_ray.envs.obs_groups`); the saved
+        table keeps one column per key."""
         self.capacity = capacity
         self.obs_dim, self.act_dim = obs_dim, act_dim
         self.obs_groups = tuple(obs_groups)
@@ -56,11 +61,11 @@ class ReplayBuffer:
         self.cursor = 0  # next write position
         self.size = 0
         self.total_added = 0
-        self.seed = seed
-        self.rng = seeding.replay_rng(seed)
+        self.seed, self.shard = seed, shard
+        self.rng = seeding.replay_rng(seed, shard)
         self.prior: ReplayBuffer | None = None
         self.prior_ratio = 0.0
-        self.metrics = RunMetrics(run) if run else None  # Ray metrics, when the buffer is a run's actor
+        self.metrics = RunMetrics(run, shard=shard) if run else None  # Ray metrics, when the buffer is a run's actor
 
     def __len__(self) -> int:
         return self.size
@@ -89,13 +94,19 @@ class ReplayBuffer:
         return self.sample_packed(num_batches, batch_size).unpack()
 
     def sample_packed(self, num_batches: int, batch_size: int) -> PackedTransitions:
+        n_prior = prior_rows(batch_size, self.prior_ratio) if self.prior is not None else 0
+        return self._sample_rows(num_batches, n_prior, batch_size - n_prior)
+
+    def _sample_rows(self, num_batches: int, n_prior: int, n_online: int) -> PackedTransitions:
+        """Batches of `n_prior` rows of the prior dataset, then `n_online` rows of the ring."""
         if self.metrics is not None:
-            self.metrics.inc("aa_ray_replay_sampled", num_batches * batch_size)
+            self.metrics.inc("aa_ray_replay_sampled", num_batches * (n_prior + n_online))
         if self.prior is None:
-            return self._draw(num_batches, batch_size)
-        n_prior = prior_rows(batch_size, self.prior_ratio)
+            if n_prior:
+                raise RuntimeError(f"replay shard {self.shard} holds no prior dataset to draw {n_prior} rows from")
+            return self._draw(num_batches, n_online)
         prior = self.prior._draw(num_batches, n_prior, rng=self.rng)
-        online = self._draw(num_batches, batch_size - n_prior)
+        online = self._draw(num_batches, n_online)
         return PackedTransitions.concat([prior, online], axis=1)
 
     def sample_shards(self, num_batches: int, batch_size: int, num_shards: int) -> tuple[PackedTransitions, ...]:
@@ -114,6 +125,19 @@ class ReplayBuffer:
         timing = SampleTiming(sample_s=(time.perf_counter() - start) / num_shards, sampled_at=time.time())
         samples = tuple(ReplaySample(shard, timing) for shard in shards)
         return samples[0] if num_shards == 1 else samples
+
+    def sample_part(
+        self, num_batches: int, n_prior: int, n_online: int, num_learners: int
+    ) -> ReplaySample | tuple[ReplaySample, ...]:
+        """This replay shard's part of every learner's sample (`runtime.replay_shards` > 1): for each of
+        `num_learners`, batches of `n_prior` prior rows (the shard that holds the dataset) then
+        `n_online` rows of this shard's ring. A learner lays the shards' parts side by side
+        (`ReplaySample.side_by_side`), so its batch keeps the `[prior | online]` layout."""
+        start = time.perf_counter()
+        parts = [self._sample_rows(num_batches, n_prior, n_online) for _ in range(num_learners)]
+        timing = SampleTiming(sample_s=(time.perf_counter() - start) / num_learners, sampled_at=time.time())
+        samples = tuple(ReplaySample(part, timing) for part in parts)
+        return samples[0] if num_learners == 1 else samples
 
     def _draw(self, num_batches: int, batch_size: int, rng: np.random.Generator | None = None) -> Transitions:
         if self.size == 0 and batch_size > 0:
@@ -202,3 +226,37 @@ class ReplayBuffer:
         if state is not None:
             self.total_added = int(state["total_added"])
             self.rng.bit_generator.state = state["rng"]
+
+
+def join_shards(tables: Sequence[pa.Table]) -> pa.Table:
+    """Replay shards' tables as one (a checkpoint has one replay file; their states go in a list): the
+    shards' rows one after another, each shard's row count and cursor in the table's metadata. One
+    shard's table is returned as it is (the format of one buffer)."""
+    if len(tables) == 1:
+        return tables[0]
+    meta = dict(tables[0].schema.metadata)
+    meta[SHARDS_KEY] = json.dumps([[t.num_rows, int(t.schema.metadata[b"aa_ray.cursor"])] for t in tables]).encode()
+    joined = pa.concat_tables([t.replace_schema_metadata(None) for t in tables])
+    return joined.replace_schema_metadata(meta)
+
+
+def split_shards(table: pa.Table, state: dict, shards: int) -> tuple[list[pa.Table], list[dict | None]]:
+    """`join_shards` undone for `shards` replay shards: each shard's rows, cursor and state as it wrote
+    them when the checkpoint has that many. Otherwise (the run changed runtime.replay_shards) the rows
+    are dealt out in even contiguous parts and every shard samples from a fresh stream: the run goes on
+    with every stored transition, though no longer as the uninterrupted run would have."""
+    meta = dict(table.schema.metadata or {})
+    cursor = meta.get(b"aa_ray.cursor")
+    layout = json.loads(meta.pop(SHARDS_KEY)) if SHARDS_KEY in meta else [[table.num_rows, cursor and int(cursor)]]
+    saved_states = state.get("shards", [state]) if state else [None] * len(layout)
+    if len(layout) != shards:
+        meta.pop(b"aa_ray.cursor", None)  # each part's cursor is its row count (load_table's default)
+        bounds = [table.num_rows * shard // shards for shard in range(shards + 1)]
+        layout = [[stop - start, None] for start, stop in zip(bounds, bounds[1:], strict=False)]
+        saved_states = [None] * shards
+    parts, start = [], 0
+    for rows, cursor in layout:
+        part_meta = {**meta, **({b"aa_ray.cursor": str(cursor).encode()} if cursor is not None else {})}
+        parts.append(table.slice(start, rows).replace_schema_metadata(part_meta))
+        start += rows
+    return parts, list(saved_states)

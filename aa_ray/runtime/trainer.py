@@ -285,7 +285,7 @@ class Trainer:
     def _run_metrics(self) -> dict[str, float]:
         """The counters, the replay's fill and the window's averages."""
         metrics: dict[str, float] = {m.ENV_STEPS: self.counters.env_steps, m.ENV_EPISODES: self.counters.episodes}
-        if self.graph.replay is not None:
+        if self.graph.replays:
             size = self.graph.replay_size
             metrics |= {m.REPLAY_SIZE: size, m.REPLAY_FILL: size / self.spec.algo.buffer_size}
         if self.graph.prior_info is not None:

@@ -477,7 +477,16 @@ class RuntimeSpec(SpecModel):
     q_warning_bound: PositiveFloat = Field(
         1e5, description="warn (learner/q_exploding) when the critic's largest value exceeds this"
     )
-    replay_cpus: PositiveFloat = Field(0.5, description="CPUs reserved for the replay actor")
+    replay_cpus: PositiveFloat = Field(0.5, description="CPUs reserved for the replay actor (for each replay shard)")
+    replay_shards: PositiveInt = Field(
+        1,
+        description="off-policy: split the replay buffer over this many replay actors, each with "
+        "algo.buffer_size / replay_shards transitions (rounded up) and its own sampling stream. Runner i adds to "
+        "shard i mod replay_shards, and every learner batch draws its rows from all shards evenly (the RLPD "
+        "dataset's rows from shard 0), so the adds and the sampling are spread over processes when one replay "
+        "actor is what limits a large fleet (docs/scaling.md). runners.num_runners must be a multiple of it, so "
+        "the shards fill alike. 1: one replay actor, the numbers of earlier versions for a seed",
+    )
     fleet_actor_from: PositiveInt = Field(
         8,
         description="from this many env runners on, the sync and on-policy loops call the runners through a fleet "
@@ -574,6 +583,7 @@ class ExperimentSpec(SpecModel):
                 "metadata['mirror']), or set algo.sym_aug: false"
             )
         self._check_batched()
+        self._check_replay_shards()
         self.algo.check_run(RunShape(
             self.budget.env_steps, self.learners.num_learners, self.transitions_per_fleet_step, self.runtime.mode
         ))
@@ -623,6 +633,24 @@ class ExperimentSpec(SpecModel):
                 f"algo.{unsupported[0]} is not supported in runtime.mode device yet; use runtime.mode sync for it"
             )
 
+    def _check_replay_shards(self) -> None:
+        shards = self.runtime.replay_shards
+        if shards == 1:
+            return
+        if not self.algo.replay_actor or self.runtime.mode == "device":
+            where = (f"{self.algo.name} learns on-policy, from fresh rollouts" if not self.algo.replay_actor
+                     else "runtime.mode device keeps a replay ring in each learner instead")
+            raise ValueError(
+                f"runtime.replay_shards is {shards}, but this run has no replay actor to split ({where}); "
+                "set runtime.replay_shards: 1"
+            )
+        if self.runners.num_runners % shards:
+            raise ValueError(
+                f"runtime.replay_shards ({shards}) must divide runners.num_runners ({self.runners.num_runners}): each "
+                "shard takes the chunks of the same number of runners, so that the shards fill alike and a batch "
+                "drawn evenly from them draws every transition about as often; change either"
+            )
+
     @property
     def prior_data(self) -> str | None:
         """RLPD's dataset path, or None (on-policy algorithms have none)."""
@@ -636,9 +664,11 @@ class ExperimentSpec(SpecModel):
         """Placement-group bundles: the learners, then the runners; the runners alone when the run does
         not learn (a rollout). The replay actor (if the algorithm's family has one) shares learner 0's
         bundle, and so its node: every learner iteration's sample (45 MB at batch 8192) then reaches
-        the learner through shared memory instead of over the network. In `runtime.mode: device` each
-        learner's process steps its own envs and keeps its own replay ring: the learners' bundles alone."""
-        runners = [{"CPU": self.runners.cpus_per_runner}] * self.runners.num_runners
+        the learner through shared memory instead of over the network. With `runtime.replay_shards`,
+        shard 0 does, and each other shard shares the bundle of the first runner that adds to it. In
+        `runtime.mode: device` each learner's process steps its own envs and keeps its own replay ring:
+        the learners' bundles alone."""
+        runners = [{"CPU": self.runners.cpus_per_runner} for _ in range(self.runners.num_runners)]
         if not learning:
             return runners
         learners = [{"CPU": self.learners.cpus_per_learner} for _ in range(self.learners.num_learners)]
@@ -648,5 +678,16 @@ class ExperimentSpec(SpecModel):
         if self.runtime.mode == "device":
             return learners
         if self.algo.replay_actor:
-            learners[0]["CPU"] += self.runtime.replay_cpus
+            for shard in range(self.runtime.replay_shards):
+                (learners[0] if shard == 0 else runners[self.first_runner_of_replay_shard(shard)])["CPU"] += \
+                    self.runtime.replay_cpus
         return learners + runners
+
+    def replay_shard_of(self, runner: int) -> int:
+        """The replay shard runner `runner` adds to: the runners in blocks of num_runners / replay_shards."""
+        return runner * self.runtime.replay_shards // self.runners.num_runners
+
+    def first_runner_of_replay_shard(self, shard: int) -> int:
+        """Replay shard `shard` > 0 shares this runner's bundle (and so a node with its block of runners
+        where the placement packs them); shard 0 shares learner 0's, as the one replay actor does."""
+        return shard * self.runners.num_runners // self.runtime.replay_shards
