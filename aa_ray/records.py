@@ -205,22 +205,18 @@ class SampleTiming(NamedTuple):
     sample_s: float
     sampled_at: float  # time.time() on the replay actor's node
 
+    @classmethod
+    def together(cls, timings: Sequence[SampleTiming]) -> SampleTiming:
+        """The replay shards' parts of one sample were drawn at once: the slowest is the sampling
+        time, and the transfer counts from the earliest."""
+        return cls(max(t.sample_s for t in timings), min(t.sampled_at for t in timings))
+
 
 class ReplaySample(NamedTuple):
     """One learner's shard of a learner iteration: (fleet_steps * utd_ratio, batch, ...) transitions."""
 
     transitions: PackedTransitions
     timing: SampleTiming
-
-    @classmethod
-    def side_by_side(cls, parts: Sequence[ReplaySample]) -> ReplaySample:
-        """The replay shards' parts of one learner's sample as one, their rows side by side in each
-        batch (shard 0's first, with the prior rows, if any, at its front). The shards sampled at the
-        same time, so the slowest is the sampling time and the earliest the one the transfer counts from."""
-        if len(parts) == 1:
-            return parts[0]
-        timing = SampleTiming(max(p.timing.sample_s for p in parts), min(p.timing.sampled_at for p in parts))
-        return cls(PackedTransitions.concat([p.transitions for p in parts], axis=1), timing)
 
 
 class Batch(NamedTuple):

@@ -15,8 +15,9 @@ from test_inline_backend import PENDULUM, TINY, tensors
 
 from aa_ray.data.dataset import write_dataset
 from aa_ray.errors import SpecError
-from aa_ray.records import ReplaySample, Transitions, prior_rows, rows_per_replay_shard
+from aa_ray.records import Transitions, prior_rows, rows_per_replay_shard
 from aa_ray.runtime.checkpoint import load_checkpoint
+from aa_ray.runtime.learner import DeviceFeed
 from aa_ray.runtime.replay import ReplayBuffer, join_shards, split_shards
 from aa_ray.runtime.trainer import Trainer
 from aa_ray.spec.loader import load_spec
@@ -51,10 +52,14 @@ def test_a_learners_batch_lays_the_shards_parts_side_by_side_after_the_prior_row
     split = rows_per_replay_shard(8, prior_rows(8, 0.25), 2)  # [(2, 3), (0, 3)]
     parts = [shard.sample_part(5, n_prior, n_online, num_learners=1) for shard, (n_prior, n_online)
              in zip((shard0, shard1), split, strict=True)]
-    sample = ReplaySample.side_by_side(parts)
-    rewards = sample.transitions.unpack().reward
-    assert rewards.shape == (5, 8)
+    # what the learner trains on: its feed lays the parts side by side in every batch
+    feed = DeviceFeed(torch.device("cpu"))
+    batches = list(feed.fleet_steps([part.transitions for part in parts], utd=1))
+    rewards = torch.cat([batch.reward for batch in batches])
+    assert len(batches) == 5 and rewards.shape == (5, 8)
     assert (rewards[:, :2] == -1).all() and (rewards[:, 2:5] == 1).all() and (rewards[:, 5:] == 2).all()
+    assert torch.equal(torch.cat([batch.obs for batch in batches])[:, 2:5],
+                       torch.from_numpy(parts[0].transitions.unpack().obs[:, 2:]))
     # two learners: each gets its own draw of the same layout
     first, second = shard1.sample_part(5, 0, 3, num_learners=2)
     assert first.transitions.table.shape == second.transitions.table.shape == (5, 3, 2 * 3 + 2 + 4)

@@ -242,7 +242,7 @@ def test_packed_rows_carry_every_field_to_the_learner_unchanged() -> None:
     sample = replay.sample_for_learners(num_batches=4, batch_size=3, num_shards=1).transitions
     sample.table.flags.writeable = False  # as it arrives from Ray's object store
     learner = Learner(counting_spec(3), obs_dim=2, act_dim=1)
-    batches = list(learner.feed.fleet_steps(sample, utd=2))  # what the family's learn trains on
+    batches = list(learner.feed.fleet_steps([sample], utd=2))  # what the family's learn trains on
     assert len(batches) == 2 and batches[0].obs.shape == (2, 3, 2)
     unpacked = sample.unpack()
     for name in Batch._fields:

@@ -44,7 +44,7 @@ class FleetFeed(Protocol):
     """Puts a learner iteration's transitions on the learner's device, one fleet step at a time
     (`learner.DeviceFeed`)."""
 
-    def fleet_steps(self, transitions: Transitions | PackedTransitions, utd: int) -> Iterator[Batch]: ...
+    def fleet_steps(self, parts: Sequence[Transitions | PackedTransitions], utd: int) -> Iterator[Batch]: ...
 
 
 class LearnerShard(NamedTuple):
@@ -97,16 +97,16 @@ class OffPolicy:
     def learn(self, algo: Algorithm, cfg: OffPolicyKnobs,
               data: Sequence[ReplaySample | PackedTransitions | Transitions | DeviceSample], shard: LearnerShard
               ) -> Learned:
-        # one sample, or one part per replay shard (runtime.replay_shards), laid side by side
-        sample = ReplaySample.side_by_side(data) if len(data) > 1 else data[0]
-        if isinstance(sample, DeviceSample):  # runtime.mode device: batches drawn on this learner's device
+        if isinstance(data[0], DeviceSample):  # runtime.mode device: batches drawn on this learner's device
+            (sample,) = data
             rows, fleet_steps = sample.rows, sample.fleet_steps  # (the spec refuses sym_aug there)
         else:
-            transitions = sample.transitions if isinstance(sample, ReplaySample) else sample
+            # one sample, or one part per replay shard (runtime.replay_shards): the feed lays them side by side
+            parts = [sample.transitions if isinstance(sample, ReplaySample) else sample for sample in data]
             if shard.mirror is not None:  # algo.sym_aug: the learner alone sees mirrored data
-                unpacked = transitions.unpack() if isinstance(transitions, PackedTransitions) else transitions
-                transitions = augment(unpacked, shard.mirror)
-            rows, fleet_steps = transitions.rows, partial(shard.feed.fleet_steps, transitions)
+                joined = parts[0] if len(parts) == 1 else PackedTransitions.concat(parts, axis=1)
+                parts = [augment(joined.unpack() if isinstance(joined, PackedTransitions) else joined, shard.mirror)]
+            rows, fleet_steps = parts[0].rows, partial(shard.feed.fleet_steps, parts)
         utd = cfg.utd_ratio
         if rows % utd:
             raise ValueError(

@@ -39,6 +39,7 @@ from aa_ray.records import (
     ObsDims,
     PackedTransitions,
     ReplaySample,
+    SampleTiming,
     Transitions,
 )
 from aa_ray.runtime.families import LearnerShard, family_of
@@ -198,7 +199,7 @@ class Learner:
         report.metrics[m.LEARNER_GRADIENT_UPDATES] = float(self.gradient_updates)
         samples = [sample for sample in data if isinstance(sample, ReplaySample)]
         if samples:  # the replay actors' timings (runtime/phases.py)
-            timing = ReplaySample.side_by_side(samples).timing
+            timing = SampleTiming.together([sample.timing for sample in samples])
             report.phases[m.PHASE_REPLAY_SAMPLE] = timing.sample_s
             report.phases[m.PHASE_TRANSFER] = max(received - timing.sampled_at, 0.0)
         return report
@@ -290,23 +291,27 @@ class DeviceFeed:
         self.device = device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
-    def fleet_steps(self, transitions: Transitions | PackedTransitions, utd: int) -> Iterator[Batch]:
-        packed = transitions if isinstance(transitions, PackedTransitions) else PackedTransitions.pack(transitions)
+    def fleet_steps(self, parts: Sequence[Transitions | PackedTransitions], utd: int) -> Iterator[Batch]:
+        """`parts`: one sample, or one per replay shard, laid side by side in every batch (on their
+        batch axis) as they are copied, never joined first."""
+        packed = [p if isinstance(p, PackedTransitions) else PackedTransitions.pack(p) for p in parts]
+        num_rows = packed[0].rows
         if self.stream is None:
-            columns = dict(zip(Transitions._fields, packed.columns(), strict=True))
-            for first in range(0, packed.rows, utd):
-                rows = packed.table[first : first + utd]
+            columns = dict(zip(Transitions._fields, packed[0].columns(), strict=True))
+            for first in range(0, num_rows, utd):
+                pieces = [p.table[first : first + utd] for p in packed]
                 # one copy per field: arrays from Ray's object store are read-only views
-                yield Batch(*(torch.from_numpy(np.array(rows[..., columns[name]], np.float32)).to(self.device)
-                              for name in Batch._fields))
+                yield Batch(*(torch.from_numpy(_side_by_side([piece[..., columns[name]] for piece in pieces]))
+                              .to(self.device) for name in Batch._fields))
             return
         # the whole sample in one pinned buffer, one host copy (the object store's array is read-only)
-        pinned = torch.empty(packed.table.shape, dtype=torch.float32, pin_memory=True)
-        pinned.numpy()[...] = packed.table
+        shape = (num_rows, sum(p.table.shape[1] for p in packed), *packed[0].table.shape[2:])
+        pinned = torch.empty(shape, dtype=torch.float32, pin_memory=True)
+        np.concatenate([p.table for p in packed], axis=1, out=pinned.numpy())
         compute = torch.cuda.current_stream(self.device)
         staged = []
         with torch.cuda.stream(self.stream):
-            for first in range(0, packed.rows, utd):
+            for first in range(0, num_rows, utd):
                 rows = pinned[first : first + utd].to(self.device, non_blocking=True)
                 copied = torch.cuda.Event()
                 copied.record(self.stream)
@@ -314,7 +319,12 @@ class DeviceFeed:
         for rows, copied in staged:
             compute.wait_event(copied)
             rows.record_stream(compute)  # allocated on the side stream, used on this one
-            yield Batch.from_rows(rows, packed)  # the fields split on the device
+            yield Batch.from_rows(rows, packed[0])  # the fields split on the device
+
+
+def _side_by_side(arrays: list[np.ndarray]) -> np.ndarray:
+    """A float32 copy of the arrays joined on their batch axis (of the one array, if one)."""
+    return np.array(arrays[0], np.float32) if len(arrays) == 1 else np.concatenate(arrays, axis=1, dtype=np.float32)
 
 
 def _read_together(named: dict[str, Any], also_read: torch.Tensor) -> tuple[dict[str, float], list[float]]:

@@ -132,7 +132,7 @@ class ReplayBuffer:
         """This replay shard's part of every learner's sample (`runtime.replay_shards` > 1): for each of
         `num_learners`, batches of `n_prior` prior rows (the shard that holds the dataset) then
         `n_online` rows of this shard's ring. A learner lays the shards' parts side by side
-        (`ReplaySample.side_by_side`), so its batch keeps the `[prior | online]` layout."""
+        (`learner.DeviceFeed`), so its batch keeps the `[prior | online]` layout."""
         start = time.perf_counter()
         parts = [self._sample_rows(num_batches, n_prior, n_online) for _ in range(num_learners)]
         timing = SampleTiming(sample_s=(time.perf_counter() - start) / num_learners, sampled_at=time.time())
