@@ -161,7 +161,7 @@ def test_a_killed_env_runner_is_replaced_and_the_run_finishes(mode: str) -> None
     fleet = ["runtime.fleet_actor_from=2"] if mode == "sync" else []  # async calls each runner from the driver
     s = load_spec(  # 20 env steps per runner per iteration, not 5: a quarter of the iterations to the budget
         SPECS / "sac.yaml",
-        [*SMALL_SAC, "algo.train_every=20", "runners.num_runners=2", "budget.env_steps=2000", f"runtime.mode={mode}",
+        [*SMALL_SAC, "algo.train_every=20", "runners.num_runners=2", "budget.env_steps=1200", f"runtime.mode={mode}",
          "checkpoint.save_replay=false", "learners.torch_threads=2", *fleet],
     )
     trainer = Trainer(s, live=False)
@@ -178,12 +178,12 @@ def test_a_killed_env_runner_is_replaced_and_the_run_finishes(mode: str) -> None
     ray.kill(trainer.runners[1])
     thread.join(timeout=300)
     result = outcome["result"]
-    assert result.env_steps >= 2000 and result.runner_restarts == 1
+    assert result.env_steps >= 1200 and result.runner_restarts == 1
 
     run_id = result.mlflow_run_id
     assert metric_history(run_id, "runtime/runner_restarts")[-1] == 1.0
     sizes = metric_history(run_id, "replay/size")
-    assert sizes == sorted(sizes) and sizes[-1] > 1500
+    assert sizes == sorted(sizes) and sizes[-1] > 1000
     events = [json.loads(line) for line in (Path(result.run_dir) / "events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events] == ["runner_restart"] and events[0]["runner"] == 1
     artifacts = {a.path for a in MlflowClient().list_artifacts(run_id)}
