@@ -126,6 +126,7 @@ class Sample:
     collecting_s: float  # seconds the slowest runner spent collecting, summed over iterations
     gradient_updates: float  # the learners' gradient updates so far
     cpu: dict[int, tuple[str, float]]  # pid -> (kind, CPU seconds so far)
+    measuring_s: float  # the driver's CPU seconds so far spent reading these counters (not the run's)
 
 
 @dataclass
@@ -161,6 +162,7 @@ class IterationLog:
         self.collecting_s = 0.0
         self.learning_since: float | None = None
         self.placement: dict[str, list[int]] = {}
+        self.measuring_s = 0.0
         show = trainer.record.show
 
         def show_and_stamp(env_steps: int, metrics: dict[str, float]) -> None:
@@ -176,8 +178,12 @@ class IterationLog:
                 return
             self.learning_since = self.learning_since or now
             if not self.samples or now - self.samples[-1].wall >= SAMPLE_EVERY_S:
+                # reading ~40 processes' counters costs the driver's process milliseconds: kept apart
+                before = time.process_time()
+                cpu = cpu_by_process()
+                self.measuring_s += time.process_time() - before
                 self.samples.append(Sample(now, env_steps, self.iterations, self.busy_s, self.collecting_s,
-                                           self.updates, cpu_by_process()))
+                                           self.updates, cpu, self.measuring_s))
 
         trainer.record.show = show_and_stamp
 
@@ -202,8 +208,10 @@ class IterationLog:
         cell.device_busy = (last.gradient_updates - first.gradient_updates) * update_s / cell.window_s
         cell.runners_busy = (last.collecting_s - first.collecting_s) / cell.window_s
         used: dict[str, float] = defaultdict(float)
+        # the harness's own reading of the counters is not the driver's work (it grows with the process count)
+        measuring = last.measuring_s - first.measuring_s
         for pid, (kind, seconds) in last.cpu.items():
-            spent = seconds - first.cpu.get(pid, (kind, 0.0))[1]
+            spent = seconds - first.cpu.get(pid, (kind, 0.0))[1] - (measuring if kind == "driver" else 0.0)
             used[kind] += spent
             cell.busiest_process[kind] = max(cell.busiest_process.get(kind, 0.0), spent / cell.window_s)
         cell.cpu_us_per_transition = {kind: 1e6 * s / steps for kind, s in sorted(used.items())} if steps else {}

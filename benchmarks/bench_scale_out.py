@@ -84,7 +84,8 @@ def part_replay(args) -> dict:
             if shards == 1:
                 ray.get(replay.sample.remote(num_batches, algo.batch_size))
             else:
-                ray.get(replay.sample_shards.options(num_returns=shards).remote(num_batches, algo.batch_size, shards))
+                ray.get(replay.sample_for_learners.options(num_returns=shards).remote(num_batches, algo.batch_size,
+                                                                                       shards))
         return calls * num_batches / (time.perf_counter() - start)
 
     def consumed() -> float:  # batches/s one learner trains on

@@ -239,7 +239,7 @@ def test_packed_rows_carry_every_field_to_the_learner_unchanged() -> None:
         np.testing.assert_array_equal(field, original)
     replay = ReplayBuffer(capacity=20, obs_dim=2, act_dim=1, seed=0)
     replay.add(chunk)
-    sample = replay.sample_for_learners(num_batches=4, batch_size=3, num_shards=1).transitions
+    sample = replay.sample_for_learners(num_batches=4, batch_size=3, num_learners=1).transitions
     sample.table.flags.writeable = False  # as it arrives from Ray's object store
     learner = Learner(counting_spec(3), obs_dim=2, act_dim=1)
     batches = list(learner.feed.fleet_steps([sample], utd=2))  # what the family's learn trains on

@@ -109,29 +109,23 @@ class ReplayBuffer:
         online = self._draw(num_batches, n_online)
         return PackedTransitions.concat([prior, online], axis=1)
 
-    def sample_shards(self, num_batches: int, batch_size: int, num_shards: int) -> tuple[PackedTransitions, ...]:
-        """One global batch as `num_shards` equal shards, one per learner, each its own object so a
-        learner fetches only its rows. Each shard keeps the `[prior | online]` layout at the ratio."""
-        shard_size = batch_size // num_shards
-        return tuple(self.sample_packed(num_batches, shard_size) for _ in range(num_shards))
-
     def sample_for_learners(
-        self, num_batches: int, batch_size: int, num_shards: int
+        self, num_batches: int, batch_size: int, num_learners: int
     ) -> ReplaySample | tuple[ReplaySample, ...]:
-        """What the learners train on: `sample_shards` (one sample for one learner), each with how
-        long sampling took and when it was done beside it, for the learners' time/* phases."""
-        start = time.perf_counter()
-        shards = self.sample_shards(num_batches, batch_size, num_shards)
-        timing = SampleTiming(sample_s=(time.perf_counter() - start) / num_shards, sampled_at=time.time())
-        samples = tuple(ReplaySample(shard, timing) for shard in shards)
-        return samples[0] if num_shards == 1 else samples
+        """What the learners train on, from the one replay buffer: a global batch as `num_learners`
+        equal shards, one per learner, each its own object so a learner fetches only its rows, each
+        keeping the `[prior | online]` layout at the ratio (see `sample_part`)."""
+        rows = batch_size // num_learners
+        n_prior = prior_rows(rows, self.prior_ratio) if self.prior is not None else 0
+        return self.sample_part(num_batches, n_prior, rows - n_prior, num_learners)
 
     def sample_part(
         self, num_batches: int, n_prior: int, n_online: int, num_learners: int
     ) -> ReplaySample | tuple[ReplaySample, ...]:
-        """This replay shard's part of every learner's sample (`runtime.replay_shards` > 1): for each of
-        `num_learners`, batches of `n_prior` prior rows (the shard that holds the dataset) then
-        `n_online` rows of this shard's ring. A learner lays the shards' parts side by side
+        """For each of `num_learners`, batches of `n_prior` prior rows (the buffer, or the replay shard,
+        that holds the dataset) then `n_online` rows of this buffer's ring, with how long sampling took
+        and when it was done beside them, for the learners' time/* phases. With `runtime.replay_shards`
+        this is one shard's part of every learner's sample: a learner lays the shards' parts side by side
         (`learner.DeviceFeed`), so its batch keeps the `[prior | online]` layout."""
         start = time.perf_counter()
         parts = [self._sample_rows(num_batches, n_prior, n_online) for _ in range(num_learners)]
