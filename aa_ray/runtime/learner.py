@@ -171,13 +171,13 @@ class Learner:
                ) -> LearnerReport:
         """One learner iteration on the family's data: one `ReplaySample` (this learner's shard of the
         global batch, (fleet_steps * utd_ratio, batch) transitions; one part of it per replay shard with
-        `runtime.replay_shards`) off-policy, or a `DeviceSample`
-        already on this learner's device (runtime.mode device), every runner's `RolloutChunk`
-        on-policy. `norm_stats` are the runners' moments of the data collected since the last call;
-        every rank merges the same list, so the normalizers agree. They are merged before or after the
-        updates as the family says (`merge_moments_first`). `also_read`: a tensor on this device the
-        caller needs on the host too (runtime.mode device's counts and episodes), read in the same
-        transfer as the diagnostics and returned in the report's `read_with`."""
+        `runtime.replay_shards`) off-policy, or a `DeviceSample` already on this learner's device
+        (runtime.mode device), every runner's `RolloutChunk` on-policy. `norm_stats` are the runners'
+        moments of the data collected since the last call; every rank merges the same list, so the
+        normalizers agree. They are merged before or after the updates as the family says
+        (`merge_moments_first`). `also_read`: a tensor on this device the caller needs on the host too
+        (runtime.mode device's counts and episodes), read in the same transfer as the diagnostics and
+        returned in the report's `read_with`."""
         with matmul_precision(self.device, self.spec.learners.matmul_precision):
             return self._eager_if_compiling_fails(lambda: self._update(norm_stats, data, also_read))
 

@@ -481,8 +481,9 @@ class RuntimeSpec(SpecModel):
     replay_shards: PositiveInt = Field(
         1,
         description="off-policy: split the replay buffer over this many replay actors, each with "
-        "algo.buffer_size / replay_shards transitions (rounded up) and its own sampling stream. Runner i adds to "
-        "shard i mod replay_shards, and every learner batch draws its rows from all shards evenly (the RLPD "
+        "algo.buffer_size / replay_shards transitions (rounded up) and its own sampling stream. The runners add "
+        "in blocks (runner i to shard i x replay_shards / num_runners), and every learner batch draws its rows "
+        "from all shards evenly (the RLPD "
         "dataset's rows from shard 0), so the adds and the sampling are spread over processes when one replay "
         "actor is what limits a large fleet (docs/scaling.md). runners.num_runners must be a multiple of it, so "
         "the shards fill alike. 1: one replay actor, the numbers of earlier versions for a seed",
