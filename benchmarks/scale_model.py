@@ -16,6 +16,10 @@ an env step of s seconds and an update of u seconds:
     driver  = d_0 + d_runner R + d_node R (1 - 1/N)     the driver's measured CPU per iteration, fitted
     path    = max(chunk, learn) + driver + R E T c_add + p_0
 
+With S replay shards (`runtime.replay_shards`) the shards add and sample at once: the path's
+R E T c_add and T utd B c_row(B) are divided by S (an assumption: no measured cell had a saturated
+replay actor, RESULTS section 30), and the shards take a core each.
+
 c_row(B) and c_add are the replay part's rows/s at the call sizes a run makes (32 batches of B rows
 per call, 1,024-row adds); R (1 - 1/N) counts the runners off the first node if they spread evenly
 (their chunks and weights cross nodes): the node term. On a real cluster, where each runner, the
@@ -64,6 +68,7 @@ class Shape:
     update_s: float = 0.0
     batch: int = 256
     utd: int = 1
+    replay_shards: int = 1
 
     @property
     def transitions(self) -> int:  # env steps per iteration
@@ -202,14 +207,15 @@ class Model:
         """The critical path's seconds by term (of the chunk and the learner, only the longer counts)."""
         m, f = self.m, self.f
         chunk = {"transition": s.train_every * s.envs * (s.step_s + m.c_env), "runner": s.train_every * m.c_act}
-        learn = {"row": s.sampled_rows * self.c_row(s.batch), "update": s.train_every * s.utd * s.update_s}
+        learn = {"row": s.sampled_rows * self.c_row(s.batch) / s.replay_shards,
+                 "update": s.train_every * s.utd * s.update_s}
         terms = dict.fromkeys(["fixed", "node", "runner", "transition", "row", "update"], 0.0)
         for name, seconds in (chunk if sum(chunk.values()) >= sum(learn.values()) else learn).items():
             terms[name] += seconds
         terms["fixed"] += f.d_0 + f.p_0
         terms["runner"] += f.d_runner * s.runners
         terms["node"] += f.d_node * s.off_node_runners
-        terms["transition"] += s.transitions * m.c_add
+        terms["transition"] += s.transitions * m.c_add / s.replay_shards
         return terms
 
     def cpu_terms(self, s: Shape) -> dict[str, float]:
@@ -323,7 +329,7 @@ def median_abs(rows: Sequence[dict[str, Any]], key: str) -> float:
 
 
 # ---- named cluster shapes -------------------------------------------------------------------------------------------
-# A core each for the driver, the learner and the replay actor; every other core runs one runner.
+# A core each for the driver, the learner and each replay shard; every other core runs one runner.
 CLUSTERS = {"1 node x 16 cores": (1, 16), "4 nodes x 16 cores": (4, 16), "8 nodes x 32 cores": (8, 32)}
 # The harness's own workloads: its ceiling (free env and learner) and its efficiency table (2 ms step).
 WORKLOADS = {"free env step, 16 envs per runner, train_every 32": {"envs": 16, "train_every": 32, "step_s": 0.0},
@@ -331,10 +337,15 @@ WORKLOADS = {"free env step, 16 envs per runner, train_every 32": {"envs": 16, "
 
 
 def cluster_shapes() -> list[tuple[str, str, Shape]]:
+    """Each cluster with each workload on one replay actor; on several nodes also with a replay shard
+    per node (the runners then a multiple of the shards, as the spec requires)."""
     shapes = []
     for cluster, (nodes, cores) in CLUSTERS.items():
         for workload, sizes in WORKLOADS.items():
-            shapes.append((cluster, workload, Shape(runners=nodes * cores - 3, nodes=nodes, **sizes)))
+            for shards in sorted({1, nodes}):
+                runners = (nodes * cores - 2 - shards) // shards * shards
+                name = workload if shards == 1 else f"{workload}, {shards} replay shards"
+                shapes.append((cluster, name, Shape(runners=runners, nodes=nodes, replay_shards=shards, **sizes)))
     return shapes
 
 
