@@ -29,11 +29,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-import torch
-from torch import Tensor
+
+if TYPE_CHECKING:  # torch is imported where a record becomes tensors: the replay actor never needs it
+    import torch
+    from torch import Tensor
 
 
 class ObsDims(NamedTuple):
@@ -232,6 +234,8 @@ class Batch(NamedTuple):
 
     @classmethod
     def from_transitions(cls, transitions: Transitions, device: torch.device) -> Batch:
+        import torch
+
         # copies: arrays from Ray's object store are read-only views
         return cls(*(torch.tensor(getattr(transitions, f), device=device, dtype=torch.float32) for f in cls._fields))
 
@@ -307,6 +311,8 @@ class Rollout(NamedTuple):
 
     @classmethod
     def from_chunk(cls, chunk: RolloutChunk, device: torch.device) -> Rollout:
+        import torch
+
         return cls(*(torch.tensor(column, device=device, dtype=torch.float32) for column in chunk))
 
 

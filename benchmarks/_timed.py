@@ -46,7 +46,6 @@ def start_ray(spec: ExperimentSpec, worker_niceness: int | None = None) -> None:
         address="local",
         num_cpus=max(math.ceil(needed), os.cpu_count() or 1),
         include_dashboard=False,
-        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}},
         log_to_driver=False,
     )
 

@@ -4,7 +4,7 @@ components in one process without Ray.
 Common settings: UTD 1 (one critic + one actor + one temperature update per env step), batch
 256, 256x256 MLPs, replay 100k, `--warm-up` random-action steps then learning up to `--budget`
 env steps, one env, torch.set_num_threads(1) in this process (the aa-ray actors get 1 torch
-thread and OMP_NUM_THREADS=1 from the spec / runtime env).
+thread from the spec and OMP_NUM_THREADS=1 from Ray, which sets it to an actor's CPUs).
 
 Contenders (run alternately, A B C ..., then ... C B A, and so on):
 - aa-ray (Ray): `Trainer(spec, live=False, track=False).run()` on an embedded local Ray that this

@@ -181,8 +181,7 @@ def main() -> None:
     info = machine_info()
     print_machine(info)
     parts = ["fleet", "replay", "ddp", "async"] if args.part == "all" else [args.part]
-    ray.init(address="local", num_cpus=8, include_dashboard=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}})
+    ray.init(address="local", num_cpus=8, include_dashboard=False)
     results = {}
     try:
         for part in parts:

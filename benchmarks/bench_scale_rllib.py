@@ -84,8 +84,7 @@ NEVER = 10**12  # a warm-up or budget no run reaches
 SETTLE_ROUNDS = 3  # rounds before a window starts (after the warm-up in loop cells)
 LEARNER_TORCH_THREADS = 1
 SIDES = ("aa-ray", "rllib")
-RUNTIME_ENV = {"py_modules": [str(BENCHMARKS / "scale_sim")],
-               "env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}}
+RUNTIME_ENV = {"py_modules": [str(BENCHMARKS / "scale_sim")]}
 
 
 @dataclass

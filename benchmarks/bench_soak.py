@@ -189,7 +189,6 @@ def main() -> None:
     replay_mb = spec.algo.buffer_size * row_bytes / MB
     # started here, first, so the sampler can see it; Trainer.run's cluster.connect reuses it
     ray.init(address="local", num_cpus=8, include_dashboard=True,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}},
              _system_config={"task_events_max_num_task_in_gcs": TASK_EVENTS_KEPT})  # as cluster.connect does
     address = ray.get_runtime_context().gcs_address
     job_id = ray.get_runtime_context().get_job_id()

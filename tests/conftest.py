@@ -57,8 +57,7 @@ def one_ray():
     """One Ray for a file's runs that kill nothing, joined as a cluster would be, instead of each run
     starting and stopping its own (about 5 s of start-up each on 2 cores). Runs that kill an actor or
     ship their own py_modules start their own."""
-    ray.init(address="local", num_cpus=4, include_dashboard=False,  # never a cluster another test started
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}})
+    ray.init(address="local", num_cpus=4, include_dashboard=False)  # never a cluster another test started
     yield
     ray.shutdown()
 

@@ -56,7 +56,7 @@ def cluster() -> Iterator[Any]:
     })
     for _ in range(2):
         add_worker(cluster)
-    ray.init(address=cluster.address, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    ray.init(address=cluster.address)
     try:
         yield cluster
     finally:

@@ -34,7 +34,7 @@ def spec(*overrides: str, file: str = "sac.yaml"):
 def local_ray():
     # A Ray of its own per test: after a Ray shared by earlier tests had been shut down, the killed-runner
     # run in this process once sat for minutes without env steps, and once ended the process.
-    ray.init(address="local", num_cpus=6, include_dashboard=False, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    ray.init(address="local", num_cpus=6, include_dashboard=False)
     yield
     ray.shutdown()
 

@@ -15,11 +15,11 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from aa_ray.spec.experiment import ExperimentSpec
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # not at run time: an actor process that unpickles a helper below imports this module
     from ray.util.placement_group import PlacementGroup
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from aa_ray.spec.experiment import ExperimentSpec
 
 TASK_EVENTS_KEPT = 10_000
 # runtime.placement -> the placement group's strategy. Both are soft: when a node is lost, Ray
@@ -54,25 +54,26 @@ def connect(spec: ExperimentSpec | None, cpus: float | None = None, py_modules: 
 
     if ray.is_initialized():
         return False
-    # Workers inherit these: one BLAS/OpenMP thread each, torch threads are set per actor.
-    runtime_env: dict[str, Any] = {"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}}
+    # No env_vars: Ray itself gives each worker OMP_NUM_THREADS of its actor's CPUs (1 for a runner
+    # or the replay actor), and the actors set their torch threads. Any runtime env at all starts
+    # every worker through Ray's setup_worker.py and its runtime-env agent: about 0.4 s more CPU per
+    # actor or Tune trial (benchmarks/RESULTS.md section 31).
+    runtime_env: dict[str, Any] = {}
     py_modules = spec.env.py_modules if spec is not None else py_modules
     if py_modules:  # the user's env packages: Ray zips each folder and puts it on every worker's path
         runtime_env["py_modules"] = [os.path.abspath(path) for path in py_modules]
     if os.environ.get("RAY_ADDRESS"):
         # Ray merges this with a submitted job's runtime env and refuses keys set in both: the job's win
         job_env = _job_config().get("runtime_env") or {}
-        job_vars = job_env.get("env_vars") or {}
-        runtime_env["env_vars"] = {key: value for key, value in runtime_env["env_vars"].items() if key not in job_vars}
-        ray.init(runtime_env={key: value for key, value in runtime_env.items() if key not in job_env or
-                              key == "env_vars"}, log_to_driver=log_to_driver)
+        ray.init(runtime_env={key: value for key, value in runtime_env.items() if key not in job_env} or None,
+                 log_to_driver=log_to_driver)
         return True
     needed = cpus if cpus is not None else sum(bundle.get("CPU", 0) for bundle in spec.bundles())
     ray.init(
         address="local",  # always a fresh embedded Ray, never a stray `ray start` cluster on this host
         num_cpus=max(math.ceil(needed), os.cpu_count() or 1),
         include_dashboard=False,
-        runtime_env=runtime_env,
+        runtime_env=runtime_env or None,
         log_to_driver=log_to_driver,
         # The GCS keeps a record of every actor call (about 3 KB each, up to 100k by default): a long
         # run's GCS grew by 36 MB per 100k env steps (benchmarks/RESULTS.md section 10). 10k

@@ -9,10 +9,10 @@ so the series count does not grow with a run's length: `run` (spec name and hash
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aa_ray.spec.experiment import ExperimentSpec
-from aa_ray.spec.loader import spec_hash
+if TYPE_CHECKING:  # the replay actor counts with RunMetrics alone, without the spec's imports (torch among them)
+    from aa_ray.spec.experiment import ExperimentSpec
 
 # name -> (kind, description, tag keys)
 DEFINITIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -32,6 +32,8 @@ DEFINITIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 
 def run_tag(spec: ExperimentSpec) -> str:
     """The `run` tag: what a run folder and MLflow run are named by, without the time."""
+    from aa_ray.spec.loader import spec_hash
+
     return f"{spec.name}-{spec_hash(spec)[:8]}"
 
 
