@@ -1,4 +1,5 @@
-"""What the preemption tests share: a real command stopped by SIGTERM, as a batch scheduler stops a job."""
+"""What the preemption tests share: a real command stopped by SIGTERM, as a batch scheduler stops a job, and
+what they read of a Tune job's console and run folders."""
 
 from __future__ import annotations
 
@@ -37,3 +38,18 @@ def stop_with_sigterm(command: list[str], log: Path, cwd: Path, ready: Callable[
         assert crash not in console, console[-4000:]
     assert "SIGTERM: stopping the" in console and "--resume latest" in console, console[-4000:]
     return console
+
+
+def has_step_checkpoint(run_dir: Path) -> bool:
+    """A complete step checkpoint (not a .partial) and no final one: the run is mid-way."""
+    steps = [c for c in run_dir.glob("checkpoints/step_*") if "." not in c.name and (c / "state.pt").is_file()]
+    return bool(steps) and not (run_dir / "checkpoints" / "final").exists()
+
+
+def assert_event_lines(console: str, labels: list[str]) -> None:
+    """Tune's status table and a line per trial event, without colour codes; no trial's own output."""
+    assert "\x1b[" not in console, console[max(0, console.find("\x1b[") - 1000):][:2000]
+    assert "== Status ==" in console, console[-4000:]
+    assert "tensorboard" not in console.lower() and "repeated" not in console
+    for label in labels:
+        assert f" started [{label}], its log: " in console, (label, console[-4000:])

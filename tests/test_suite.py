@@ -1,7 +1,7 @@
 """Benchmark suites end to end on a real local Ray, real Tune, real gymnasium envs (pusher-reach, Pendulum) and a
-real MLflow store, with tiny budgets: one parent run with a child per (spec, env, seed), an
-invocation killed mid-suite and run again (finished runs are not run again, the others resume),
-and the report with published markers, the equal-steps table and the IQM across envs. Bad suite
+real MLflow store, with tiny budgets: one parent run with a child per (spec, env, seed), stopped by
+SIGTERM, resumed, SIGKILLed and run again (finished runs are not run again, the others resume), and
+the report with published markers, the equal-steps table and the IQM across envs. Bad suite
 files are refused before anything starts."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from html import escape
 from pathlib import Path
 
@@ -21,9 +20,11 @@ import psutil
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
+from stopping import assert_event_lines, has_step_checkpoint, stop_with_sigterm, wait_for
 
 from aa_ray import cli
 from aa_ray.errors import SpecError
+from aa_ray.runtime.run_record import STOP_REASON_TAG
 from aa_ray.spec.loader import load_spec
 from aa_ray.tracking.curves import NOT_REACHED, load_curve
 from aa_ray.tracking.machine import CPU_COUNT_TAG, CPU_TAG, HOST_TAG, machine_tags
@@ -31,6 +32,7 @@ from aa_ray.tracking.mlflow_tracker import PARENT_TAG, MlflowTracker
 from aa_ray.tracking.report import make_report
 from aa_ray.tracking.suite_report import ENV_TAG, LABEL_TAG
 from aa_ray.tune.specs import load_suite
+from aa_ray.tune.trials import TRIAL_LOG
 
 ROOT = Path(__file__).resolve().parents[1]
 PUSHER, PENDULUM = "aa_ray/PusherReach-v0", "Pendulum-v1"
@@ -81,28 +83,9 @@ def kill_tree(process: subprocess.Popen) -> None:
     psutil.wait_procs([p for p in family if p.is_running()], timeout=30)
 
 
-def test_suite_killed_and_resumed_then_reported(tmp_path: Path) -> None:
-    suite_file = tiny_suite(tmp_path)
-    root = tmp_path / "runs" / "suites" / "tiny"
-    command = [sys.executable, "-m", "aa_ray.cli", "suite", str(suite_file)]
-    first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    deadline = time.monotonic() + 400
-    while time.monotonic() < deadline:  # both pusher runs finished, a pendulum run checkpointed but not done
-        records = list(root.glob("sac-aa_ray_PusherReach-v0-*/cell.json"))
-        pendulum = [d for d in root.glob("sac-Pendulum-v1-*")
-                    if [c for c in d.glob("checkpoints/step_*") if "." not in c.name]]  # complete ones only
-        if len(records) == 2 and pendulum and not list(root.glob("sac-Pendulum-v1-*/checkpoints/final")):
-            break
-        assert first.poll() is None, "the suite ended before it could be interrupted"
-        time.sleep(0.2)
-    else:
-        pytest.fail("the suite never reached the point to interrupt it")
-    kill_tree(first)
-    finished_before = {p.parent.name: p.read_text() for p in root.glob("*/cell.json")}
-    parent_id = json.loads((root / "suite.json").read_text())["parent_run_id"]
-    client = MlflowClient()
-    pusher_history = {
+def pusher_histories(client: MlflowClient, parent_id: str) -> dict[str, list[tuple[int, float]]]:
+    """The pusher cells' eval/return curves, by cell."""
+    return {
         run.data.tags["aa_ray.suite_cell"]: [(p.step, p.value) for p in client.get_metric_history(run.info.run_id,
                                                                                                    "eval/return")]
         for run in client.search_runs([client.get_run(parent_id).info.experiment_id],
@@ -110,11 +93,73 @@ def test_suite_killed_and_resumed_then_reported(tmp_path: Path) -> None:
         if run.data.tags["aa_ray.suite_env"] == PUSHER
     }
 
-    second = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert "4 runs, 2 finished earlier, 2 to run" in second.stdout
-    assert "resuming from step_" in second.stdout  # the checkpointed pendulum run went on from there
-    assert json.loads((root / "suite.json").read_text())["parent_run_id"] == parent_id  # the same parent
+
+def test_suite_stopped_resumed_killed_then_run_again_and_reported(tmp_path: Path) -> None:
+    """One suite interrupted twice, as a batch job can be: SIGTERMed (a preemption) once both pusher cells
+    finished and a Pendulum cell checkpointed, continued with `--resume latest`, SIGKILLed with all it
+    started once a Pendulum cell checkpointed again, then run again with the plain command to its end.
+    Finished cells are never run again, the others resume in their own runs under one parent, and the
+    report reads them. (One suite for the three invocations: each starts Ray, Tune and trial processes,
+    which on a 2-core CI machine is most of a tiny suite's cost.)"""
+    suite_file = tiny_suite(tmp_path)
+    root = tmp_path / "runs" / "suites" / "tiny"
+    command = [sys.executable, "-m", "aa_ray.cli", "suite", str(suite_file)]
+    client = MlflowClient()
+
+    def pendulum_checkpoints() -> dict[str, int]:
+        """Cell -> its complete step checkpoints, for each Pendulum cell with one and not yet finished (a
+        cell's folder is its name and the hash of its spec)."""
+        return {d.name.rsplit("-", 1)[0]: len([c for c in d.glob("checkpoints/step_*") if "." not in c.name])
+                for d in root.glob("sac-Pendulum-v1-*") if has_step_checkpoint(d)}
+
+    def pushers_finished_pendulum_mid_run() -> bool:  # Tune said both pusher trials finished: their runs are closed
+        return len(list(root.glob("sac-aa_ray_PusherReach-v0-*/cell.json"))) == 2 and bool(pendulum_checkpoints()) \
+            and (tmp_path / "stopped.log").read_text().count(" finished at ") >= 2
+
+    # 1. SIGTERM: the finished cells stay FINISHED, the running ones and the parent end KILLED
+    stopped = stop_with_sigterm(command, tmp_path / "stopped.log", tmp_path, pushers_finished_pendulum_mid_run,
+                                "both pusher cells finished and a Pendulum one checkpointed")
+    assert_event_lines(stopped, ["sac-aa_ray_PusherReach-v0-s0", "sac-aa_ray_PusherReach-v0-s1"])
+    assert " checkpointed at " in stopped and "env_steps" not in stopped  # progress goes to each trial's log
+    checkpointed = sorted(pendulum_checkpoints())[0]
+    (log,) = root.glob(f"{checkpointed}-*/{TRIAL_LOG}")
+    assert "env_steps" in log.read_text()
+    state = json.loads((root / "suite.json").read_text())
+    assert state["status"] == "preempted"
+    parent_id = state["parent_run_id"]
+    parent = client.get_run(parent_id)
+    assert parent.info.status == "KILLED" and "SIGTERM" in parent.data.tags[STOP_REASON_TAG]
+    before = {run.data.tags["aa_ray.suite_cell"]: run for run in client.search_runs(
+        [parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_id}'")}
+    for cell, run in before.items():
+        pusher = cell.startswith("sac-aa_ray_PusherReach")
+        assert run.info.status == ("FINISHED" if pusher else "KILLED"), (cell, run.info.status)
+        assert pusher or "SIGTERM" in run.data.tags[STOP_REASON_TAG]
+    assert checkpointed in before
+    finished_before = {p.parent.name: p.read_text() for p in root.glob("*/cell.json")}
+    pusher_history = pusher_histories(client, parent_id)
+
+    # 2. `--resume latest`, SIGKILLed with everything it started once a Pendulum cell checkpointed again
+    checkpoints_at_stop = pendulum_checkpoints()
+    with (tmp_path / "resumed.log").open("w") as out:
+        resumed = subprocess.Popen([*command, "--resume", "latest"], cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        wait_for(lambda: any(n > checkpoints_at_stop.get(name, 0) for name, n in pendulum_checkpoints().items()),
+                 resumed, "a Pendulum checkpoint after the resume")
+        kill_tree(resumed)
+    console = (tmp_path / "resumed.log").read_text()
+    assert f"resuming the suite in {root}" in console and "4 runs, 2 finished earlier, 2 to run" in console
+    assert f"{checkpointed}: resuming from step_" in console
+    assert_event_lines(console, ["sac-Pendulum-v1-s0", "sac-Pendulum-v1-s1"])
+    assert not list(root.glob("sac-Pendulum-v1-*/checkpoints/final"))
+
+    # 3. the plain command again: what is unfinished resumes, in the same parent and runs
+    third = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+    assert "4 runs, 2 finished earlier, 2 to run" in third.stdout
+    assert "resuming from step_" in third.stdout
+    assert json.loads((root / "suite.json").read_text())["parent_run_id"] == parent_id
+    assert json.loads((root / "suite.json").read_text())["status"] == "finished"
     for name, text in finished_before.items():  # not run again
         assert (root / name / "cell.json").read_text() == text
 
@@ -124,14 +169,18 @@ def test_suite_killed_and_resumed_then_reported(tmp_path: Path) -> None:
     assert cells == ["sac-Pendulum-v1-s0", "sac-Pendulum-v1-s1", "sac-aa_ray_PusherReach-v0-s0",
                      "sac-aa_ray_PusherReach-v0-s1"]
     assert {run.info.status for run in children} == {"FINISHED"}
+    for cell, run in before.items():  # each cell kept its run
+        assert {r.data.tags["aa_ray.suite_cell"]: r.info.run_id for r in children}[cell] == run.info.run_id
     assert client.get_run(parent_id).info.status == "FINISHED"
+    assert STOP_REASON_TAG not in client.get_run(parent_id).data.tags
+    assert pusher_histories(client, parent_id) == pusher_history  # nothing logged into the finished runs again
+    resumed_at = client.get_metric_history(before[checkpointed].info.run_id, "run/resumed_at")
+    assert resumed_at and resumed_at[-1].value >= TINY["checkpoint.every_env_steps"]
     for run in children:
         history = client.get_metric_history(run.info.run_id, "eval/return")
         budget = 400 if run.data.tags["aa_ray.suite_env"] == PUSHER else 1500
         assert max(p.step for p in history) >= budget
         assert run.data.params["seed"] == run.data.tags["aa_ray.suite_seed"]
-        if run.data.tags["aa_ray.suite_env"] == PUSHER:  # nothing logged into the finished runs again
-            assert [(p.step, p.value) for p in history] == pusher_history[run.data.tags["aa_ray.suite_cell"]]
 
     report = make_report(tmp_path / "report", parent=parent_id)
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
@@ -152,6 +201,8 @@ def test_suite_killed_and_resumed_then_reported(tmp_path: Path) -> None:
     assert report["png"].stat().st_size > 10_000
     logged = {a.path for a in client.list_artifacts(parent_id, "report")}
     assert logged == {"report/report.png", "report/report_time.png", "report/report.html", "report/summary.json"}
+
+
 
 
 def test_a_resumed_runs_curve_is_its_newest_attempt() -> None:
