@@ -1,6 +1,6 @@
-"""Faults injected into real runs (local Ray, MuJoCo pusher-reach, SQLite MLflow): a driver killed
-mid-run and resumed continues bit-exactly; runner, replay and learner processes killed by pid are
-recovered from without losing the run or its replay buffer."""
+"""Faults injected into real runs (local Ray, MuJoCo pusher-reach, SQLite MLflow): a driver stopped by
+SIGTERM, resumed, then killed mid-run and resumed again continues bit-exactly; runner, replay and
+learner processes killed by pid are recovered from without losing the run or its replay buffer."""
 
 from __future__ import annotations
 
@@ -92,11 +92,12 @@ def whole_run(tmp_path_factory: pytest.TempPathFactory) -> Finished:
     return finished(whole.stdout, folder, tracking_uri)
 
 
-def assert_repeats(whole: Finished, resumed: Finished, resumed_at: int) -> None:
+def assert_repeats(whole: Finished, resumed: Finished, *resumed_at: int) -> None:
     """The resumed run's metrics and final policy are the uninterrupted run's."""
     expected, actual = whole.metrics, dict(resumed.metrics)
-    assert actual.pop(("run/resumed_at", resumed_at)) == resumed_at  # the one addition: the resume's marker
-    after_resume = [key for key in expected if key[1] > resumed_at]
+    for step in resumed_at:  # the one addition: each resume's marker
+        assert actual.pop(("run/resumed_at", step)) == step
+    after_resume = [key for key in expected if key[1] > resumed_at[-1]]
     assert len(after_resume) > 40 and ("eval/return", max(step for _, step in expected)) in after_resume
     differing = sorted(key for key in expected.keys() | actual.keys() if expected.get(key) != actual.get(key))
     assert not differing, differing[:20]
@@ -104,66 +105,66 @@ def assert_repeats(whole: Finished, resumed: Finished, resumed_at: int) -> None:
         assert torch.equal(tensor, resumed.policy[name]), name
 
 
-def test_a_killed_and_resumed_run_repeats_the_uninterrupted_one_exactly(whole_run: Finished, tmp_path: Path) -> None:
-    """Sync mode, seed 0: SIGKILL the driver after its second checkpoint, resume with --resume;
-    the metric history and the final policy must match the uninterrupted run exactly. (All env
-    steps before the kill come from a separate process, so this also proves sync mode reproducible.)"""
-    killed = subprocess.Popen(aa_ray_command(*SETTINGS, "--set", "runtime.output_dir=killed"),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    def written() -> list[Path]:  # complete checkpoints (a folder being written is named step_*.partial)
-        return sorted(p for p in (tmp_path / "killed").glob("*/checkpoints/step_*") if "." not in p.name)
-
-    wait_for(lambda: len(written()) >= 2 or killed.poll() is not None, "the second checkpoint")
-    time.sleep(1.0)  # let it log a few iterations past the checkpoint: the resume must overwrite them
-    assert killed.poll() is None, "the run ended before it could be killed"
-    os.killpg(killed.pid, signal.SIGKILL)
-    killed.wait()
-    last = written()[-1]
-    resumed_at = load_checkpoint(last).driver.counters.env_steps
-    assert 600 <= resumed_at < 900
-
-    resumed = subprocess.run(aa_ray_command(*SETTINGS, "--set", "runtime.output_dir=killed", "--resume", str(last)),
-                             capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_repeats(whole_run, finished(resumed.stdout, tmp_path / "killed"), resumed_at)
+def step_checkpoints(output_dir: Path) -> list[Path]:
+    """The run's complete step checkpoints, oldest first (one being written is named step_*.partial)."""
+    return sorted(p for p in output_dir.glob("*/checkpoints/step_*") if "." not in p.name)
 
 
-def test_a_run_stopped_by_sigterm_checkpoints_and_resumes_where_it_stopped(whole_run: Finished, tmp_path: Path) -> None:
-    """SIGTERM (a preemption notice) between two checkpoints: the driver ends its iteration, writes a
-    checkpoint there, marks the MLflow run KILLED and exits with 75; `--resume latest` (the same
-    command a requeued job runs) continues from that checkpoint, and the run repeats the
-    uninterrupted one exactly, as after a SIGKILL, but losing no step."""
+def test_a_run_stopped_by_sigterm_then_killed_resumes_each_time_and_repeats_the_uninterrupted_one(
+        whole_run: Finished, tmp_path: Path) -> None:
+    """Sync mode, seed 0, interrupted twice. SIGTERM (a preemption notice) between two checkpoints: the
+    driver ends its iteration, writes a checkpoint there, marks the MLflow run KILLED and exits with 75.
+    `--resume latest` (the command a requeued job runs) continues from that checkpoint in the same run;
+    SIGKILLed after its next checkpoint, it is resumed from that one with `--resume CHECKPOINT`. The
+    metric history and the final policy equal the uninterrupted run's exactly. (All env steps before
+    each interruption come from separate processes, so this also shows sync mode reproducible.)"""
+    checkpoints = tmp_path / "runs"
     stopped = subprocess.Popen(aa_ray_command(*SETTINGS), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, start_new_session=True)
-    checkpoints = tmp_path / "runs"
-    wait_for(lambda: any(p for p in checkpoints.glob("*/checkpoints/step_*") if "." not in p.name)
-             or stopped.poll() is not None, "the first checkpoint")
+    wait_for(lambda: bool(step_checkpoints(checkpoints)) or stopped.poll() is not None, "the first checkpoint")
     # into the next interval (what SIGKILL would lose), but well before the budget: on a quiet 2-core
     # machine the run goes from its first checkpoint to its last step in under a second
     time.sleep(0.1)
     assert stopped.poll() is None, "the run ended before it could be stopped"
     sent = time.monotonic()
     stopped.send_signal(signal.SIGTERM)  # to the driver alone, as `kill -TERM` and Kubernetes send it
-    out, err = stopped.communicate(timeout=60)
+    _, err = stopped.communicate(timeout=60)
     assert stopped.returncode == 75, err[-3000:]
     assert time.monotonic() - sent < 25  # runtime.stop_grace_s's default
     assert "Traceback" not in err and "--resume latest" in err
     [event] = [json.loads(line) for line in next(checkpoints.glob("*/events.jsonl")).read_text().splitlines()]
     assert event["event"] == "preempted" and event["signal"] == "SIGTERM"
     last = Path(event["checkpoint"])
-    resumed_at = load_checkpoint(last).driver.counters.env_steps
-    assert 300 <= resumed_at < 900 and last.name == f"step_{resumed_at:09d}"
+    stopped_at = load_checkpoint(last).driver.counters.env_steps
+    assert 300 <= stopped_at < 600 and last.name == f"step_{stopped_at:09d}"
     client = MlflowClient()
     [run] = client.search_runs([client.get_experiment_by_name("aa-ray").experiment_id])
     assert run.info.status == "KILLED" and run.data.tags["stop_reason"].startswith("stopped by SIGTERM")
 
-    resumed = subprocess.run(aa_ray_command(*SETTINGS, "--resume", "latest"), capture_output=True, text=True,
+    with (tmp_path / "resumed.log").open("w") as out:
+        killed = subprocess.Popen(aa_ray_command(*SETTINGS, "--resume", "latest"), stdout=out, stderr=subprocess.STDOUT,
+                                  start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        wait_for(lambda: step_checkpoints(checkpoints)[-1].name != last.name or killed.poll() is not None,
+                 "a checkpoint after the resume")
+        # a few iterations past the checkpoint, for the next resume to overwrite what they logged (the
+        # resumed run reaches its budget a second after it; a killed one writes no final checkpoint)
+        time.sleep(0.2)
+        assert killed.poll() is None, "the run ended before it could be killed"
+        os.killpg(killed.pid, signal.SIGKILL)
+        killed.wait()
+    console = (tmp_path / "resumed.log").read_text()
+    assert f"resuming from {last}" in console
+    newest = step_checkpoints(checkpoints)[-1]
+    assert not (newest.parent / "final").exists()
+    killed_at = load_checkpoint(newest).driver.counters.env_steps
+    assert 600 <= killed_at < 900
+
+    resumed = subprocess.run(aa_ray_command(*SETTINGS, "--resume", str(newest)), capture_output=True, text=True,
                              timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resuming from {last}" in resumed.stdout
     assert mlflow_run_id(resumed.stdout) == run.info.run_id
     assert client.get_run(run.info.run_id).info.status == "FINISHED"
-    assert_repeats(whole_run, finished(resumed.stdout, checkpoints), resumed_at)
+    assert_repeats(whole_run, finished(resumed.stdout, checkpoints), stopped_at, killed_at)
 
 
 def kill_actor_process(class_name: str) -> int:
