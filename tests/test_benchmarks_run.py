@@ -39,6 +39,7 @@ ELSEWHERE = {
 JSON_OUT = "{json}"  # stands for a file in the test's folder, which the script must write
 SMALLEST = {
     "run_all.py": ["--smoke"],
+    "bench_actor_start.py": ["--smoke", "--json", JSON_OUT],
     "bench_batched.py": ["--smoke", "--json", JSON_OUT],
     "bench_env_stepping.py": ["--smoke", "--json", JSON_OUT],
     "bench_envpool_score.py": ["--smoke", "--json", JSON_OUT],
