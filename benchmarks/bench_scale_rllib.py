@@ -417,6 +417,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.smoke:  # every measure once, one runner, a free env step, short windows
         args.runners, args.step_s, args.reps, args.rounds, args.seconds = [1], [0.0], 1, 2, 0.0
+    if args.json is not None:  # the caller's folder, not the repository's that the next line moves to
+        args.json = args.json.resolve()
     os.chdir(REPO)  # scale_sim.yaml's env.py_modules is relative to the repository root
     logging.getLogger("ray.rllib").setLevel(logging.ERROR)
     info = machine_info()
