@@ -86,16 +86,6 @@ def obs_moments(obs: np.ndarray) -> ObsMoments:
     return len(flat), flat.mean(0), flat.var(0)
 
 
-def pooled_moments(parts: Sequence[tuple[int, Any, Any]]) -> tuple[int, Any, Any]:
-    """(count, mean, var) of several samples pooled, from each one's (Chan et al.'s parallel formula,
-    in float64: population variances, as the normalizers keep). `parts` is non-empty, every count > 0."""
-    count = sum(int(part[0]) for part in parts)
-    mean = sum(int(n) * np.asarray(m, np.float64) for n, m, _ in parts) / count
-    var = sum(int(n) * (np.asarray(v, np.float64) + np.square(np.asarray(m, np.float64) - mean))
-              for n, m, v in parts) / count
-    return count, mean, var
-
-
 class NormMoments(NamedTuple):
     """What one chunk (or a prior dataset) adds to the learners' observation and reward normalizers."""
 
@@ -109,19 +99,6 @@ class NormMoments(NamedTuple):
     @classmethod
     def from_dict(cls, saved: Mapping[str, Any]) -> NormMoments:
         return cls(tuple(saved["obs"]), tuple(saved["return"]))
-
-    @classmethod
-    def pooled(cls, parts: Sequence[NormMoments]) -> NormMoments:
-        """Several chunks' moments as one record, which the normalizers merge as they would the parts
-        one by one (up to rounding); a single part is returned as it is."""
-        if len(parts) == 1:
-            return parts[0]
-        obs = [part.obs for part in parts if part.obs[0] > 0]
-        returns = [part.returns for part in parts if part.returns[0] > 0]
-        if returns:
-            count, mean, var = pooled_moments([moments[:3] for moments in returns])
-            pooled_returns = (count, float(mean), float(var), max(float(moments[3]) for moments in returns))
-        return cls(pooled_moments(obs) if obs else parts[0].obs, pooled_returns if returns else parts[0].returns)
 
 
 class EpisodeStats(NamedTuple):

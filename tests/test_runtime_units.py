@@ -344,39 +344,3 @@ def test_corrupt_and_incompatible_checkpoints_are_explained(tmp_path: Path) -> N
         check_compatible(other, load_checkpoint(tmp_path / "ok"))
     # a budget change is a legitimate resume
     check_compatible(counting_spec(3, **{"budget.env_steps": 5000}), load_checkpoint(tmp_path / "ok"))
-
-
-def test_a_fleets_pooled_chunk_stats_merge_as_its_chunks_would() -> None:
-    """The fleet hands the driver one record per iteration: the normalizers that merge the pooled
-    moments end where merging each runner's chunk in turn leaves them (up to rounding), the steps are
-    summed, the episodes kept in runner order, the slowest runner's timings kept; one runner's stats
-    pass unchanged (so single-runner runs keep their numbers exactly)."""
-    from aa_ray.algos.normalizers import RewardNormalizer
-    from aa_ray.nets.policy import ObsNormalizer
-    from aa_ray.records import ChunkStats, EpisodeStats, obs_moments, return_moments
-    from aa_ray.runtime.fleet import pooled
-
-    rng = np.random.default_rng(3)
-    chunks = []
-    for runner, (rows, scale) in enumerate([(40, 1.0), (0, 1.0), (25, 5.0), (60, 0.2)]):
-        obs, returns = rng.normal(runner, scale, size=(rows, 4)), rng.normal(-runner, scale, size=rows // 5)
-        chunks.append(ChunkStats(rows, [EpisodeStats(float(runner), 50.0, {})], 7,
-                                 NormMoments(obs_moments(obs), return_moments(returns)),
-                                 collect_s=0.1 * runner, weights_s=0.3 - 0.1 * runner))
-    [one] = pooled(chunks)
-    assert one.env_steps == 125 and [e.episode_return for e in one.episodes] == [0.0, 1.0, 2.0, 3.0]
-    assert (one.collect_s, one.weights_s, one.policy_version) == (0.30000000000000004, 0.3, 7)
-
-    def normalizers(moments: list[NormMoments]) -> tuple[ObsNormalizer, RewardNormalizer]:
-        obs_norm, reward_norm = ObsNormalizer(4, enabled=True), RewardNormalizer(enabled=True, v_max=5.0)
-        for part in moments:
-            obs_norm.merge(*part.obs)
-            reward_norm.merge(*part.returns)
-        return obs_norm, reward_norm
-
-    one_by_one, at_once = normalizers([c.moments for c in chunks]), normalizers([one.moments])
-    for a, b in zip(one_by_one, at_once, strict=True):
-        for name, buffer in a.named_buffers():
-            torch.testing.assert_close(buffer, dict(b.named_buffers())[name], rtol=1e-12, atol=1e-12)
-    assert one_by_one[0].count.item() == 125
-    assert pooled(chunks[:1]) == chunks[:1] and pooled([]) == []

@@ -6,7 +6,7 @@ RESULTS 27. With one sample call per runner per iteration and every chunk's ref 
 replay actor, the driver's CPU per iteration grew with the fleet: 3.7 ms at 1 runner, 24.6 ms at
 32. A `Fleet` takes one call per iteration and does the per-runner work itself: it calls every
 runner, waits for their chunks together, adds them to the replay actor in runner order and returns
-their stats pooled into one record (`pooled`), the runners that failed and the replay's new size. With replay shards
+their stats, the runners that failed and the replay's new size. With replay shards
 (`runtime.replay_shards`), each runner's chunks go to its shard, one add per shard.
 
 Where it runs is the graph's choice (`runtime.fleet_actor_from`): in a large fleet, a Ray actor of
@@ -31,38 +31,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from aa_ray.records import ChunkStats, NormMoments
+from aa_ray.records import ChunkStats
 from aa_ray.runtime.remote import ActorLost, ObjectLost, get_each, get_results, wait_done
 
 
 @dataclass
 class FleetChunks:
-    """One iteration of the fleet: the stats of the chunks it kept as one record (`pooled`), the runners
-    that failed (with why) and, off-policy, the replay's size once it added the chunks; on-policy, the
-    rollouts' refs, in runner order."""
+    """One iteration of the fleet, in runner order: the stats of the chunks it kept, the runners that
+    failed (with why) and, off-policy, the replay's size once it added the chunks; on-policy, the
+    rollouts' refs."""
 
     stats: list[ChunkStats] = field(default_factory=list)
     failures: list[tuple[int, str]] = field(default_factory=list)
     replay_size: int = 0
     replay_lost: str | None = None  # the replay actor is gone (why): the driver recovers the graph
     rollouts: list[Any] = field(default_factory=list)
-
-
-def pooled(stats: list[ChunkStats]) -> list[ChunkStats]:
-    """An iteration's chunk stats as one record: what the driver reads of them (steps and episodes,
-    the slowest runner's timings) and the normalizer moments it passes to the learners, which then
-    get one message per iteration whatever the fleet's size (the driver's CPU per runner). Pooled
-    moments merge as the chunks' would one by one, up to rounding; one runner's stats are unchanged."""
-    if len(stats) <= 1:
-        return stats
-    return [ChunkStats(
-        env_steps=sum(chunk.env_steps for chunk in stats),
-        episodes=[episode for chunk in stats for episode in chunk.episodes],  # in runner order
-        policy_version=min(chunk.policy_version for chunk in stats),
-        moments=NormMoments.pooled([chunk.moments for chunk in stats]),
-        collect_s=max(chunk.collect_s for chunk in stats),
-        weights_s=max(chunk.weights_s for chunk in stats),
-    )]
 
 
 class Fleet:
@@ -90,7 +73,6 @@ class Fleet:
             chunks.replay_size, chunks.stats = self._add(data)
         except ActorLost as lost:  # told, not raised: raised in an actor it would reach the driver as an error
             chunks.replay_lost = str(lost)
-        chunks.stats = pooled(chunks.stats)
         return chunks
 
     def sample_rollout(self, num_steps: int, weights: list[Any]) -> FleetChunks:
@@ -101,7 +83,6 @@ class Fleet:
             runner.sample_rollout.options(num_returns=2).remote(num_steps) for runner in self.runners
         ])
         chunks.rollouts = [ref for ref, _, _ in data]
-        chunks.stats = pooled(chunks.stats)
         return chunks
 
     def _add(self, data: list[tuple[Any, ChunkStats, int]]) -> tuple[int, list[ChunkStats]]:
