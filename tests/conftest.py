@@ -24,6 +24,10 @@ os.environ.setdefault("RAY_worker_niceness", "0")
 # What aa_ray.runtime.cluster.connect asks of an embedded Ray, for the Rays the tests start themselves
 # (fixtures, `ray start` clusters): no idle worker per CPU started ahead of the actors.
 os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+# The MLflow servers the tests start (`mlflow server`, `mlflow ui`) would each also start MLflow 3's
+# job runner: a runner and three Huey consumers, about 20 CPU-s per server on 2 cores, for jobs no
+# test submits (benchmarks/RESULTS.md section 32).
+os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
 
 
 # Each of the two workers takes whole files from one queue, in this order (pyproject's addopts turn

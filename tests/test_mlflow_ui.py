@@ -93,7 +93,7 @@ def serving_ui(tmp_path: Path) -> Iterator[str]:
     port = free_port()
     server = subprocess.Popen(
         [str(Path(sys.executable).parent / "mlflow"), "ui", "--backend-store-uri", os.environ["MLFLOW_TRACKING_URI"],
-         "--host", "127.0.0.1", "--port", str(port)],
+         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],  # one browser: one worker
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path,
     )
     try:
