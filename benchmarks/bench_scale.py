@@ -127,6 +127,13 @@ class Sample:
     gradient_updates: float  # the learners' gradient updates so far
     cpu: dict[int, tuple[str, float]]  # pid -> (kind, CPU seconds so far)
     measuring_s: float  # the driver's CPU seconds so far spent reading these counters (not the run's)
+    machine_busy_s: float  # CPU seconds the whole machine spent so far, every process on it
+
+
+def machine_busy_s() -> float:
+    """CPU seconds every process of the machine has spent since boot (all but idle and I/O wait)."""
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
 
 
 @dataclass
@@ -146,6 +153,11 @@ class Cell:
     # each kind's busiest process: its CPU seconds / the window (1.0: a core's worth, the most one process can use)
     busiest_process: dict[str, float] = field(default_factory=dict)
     placement: dict[str, list[int]] = field(default_factory=dict)  # actor kind -> the node (index) of each
+    # the machine during the window: cores' worth of CPU the cluster used, and that everything else on the
+    # machine used (the cores the cell could not have); the 1, 5 and 15-minute load averages at its end
+    cluster_cores: float = 0.0
+    other_cores: float = 0.0
+    load_average: tuple[float, ...] = ()
     status: str = "ok"
 
 
@@ -183,7 +195,7 @@ class IterationLog:
                 cpu = cpu_by_process()
                 self.measuring_s += time.process_time() - before
                 self.samples.append(Sample(now, env_steps, self.iterations, self.busy_s, self.collecting_s,
-                                           self.updates, cpu, self.measuring_s))
+                                           self.updates, cpu, self.measuring_s, machine_busy_s()))
 
         trainer.record.show = show_and_stamp
 
@@ -214,6 +226,9 @@ class IterationLog:
             spent = seconds - first.cpu.get(pid, (kind, 0.0))[1] - (measuring if kind == "driver" else 0.0)
             used[kind] += spent
             cell.busiest_process[kind] = max(cell.busiest_process.get(kind, 0.0), spent / cell.window_s)
+        cell.cluster_cores = sum(used.values()) / cell.window_s
+        cell.other_cores = max(0.0, (last.machine_busy_s - first.machine_busy_s) / cell.window_s - cell.cluster_cores)
+        cell.load_average = tuple(round(load, 2) for load in os.getloadavg())
         cell.cpu_us_per_transition = {kind: 1e6 * s / steps for kind, s in sorted(used.items())} if steps else {}
         cell.cpu_us_per_transition["total"] = sum(cell.cpu_us_per_transition.values())
         cell.driver_cpu_ms_per_iteration = 1e3 * used.get("driver", 0.0) / max(cell.iterations, 1)
@@ -295,11 +310,12 @@ def show_cells(cells: Sequence[Cell], columns: Sequence[str]) -> None:
                      round(cpu.get("total", 0.0), 1), round(cell.driver_ms_per_iteration, 1),
                      round(cell.driver_cpu_ms_per_iteration, 1),
                      f"{cell.runners_busy:.0%}", f"{cell.learner_busy:.0%}", f"{cell.device_busy:.0%}",
-                     f"{cell.busiest_process.get('ReplayBuffer', 0.0):.0%}", cell.status])
+                     f"{cell.busiest_process.get('ReplayBuffer', 0.0):.0%}",
+                     f"{cell.cluster_cores:.2f} / {cell.other_cores:.2f}", cell.status])
     print_table([*columns, "env steps/s", "ideal", "efficiency", "CPU us/transition", "ms/iteration",
                  "driver CPU ms/iteration",
                  "runners collecting", "learner in update", "GPU busy (simulated)", "busiest replay actor's CPU",
-                 "status"], rows)
+                 "cores: cluster / others", "status"], rows)
 
 
 # ---- the parts ------------------------------------------------------------------------------------------------

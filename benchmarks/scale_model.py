@@ -11,7 +11,7 @@ while the learner samples T*utd batches of B rows and trains on them; then the d
 chunks, publishes the weights and adds the chunks to the replay buffer. With R runners over N nodes,
 an env step of s seconds and an update of u seconds:
 
-    chunk   = T (E (s + c_env) + c_act)                 one runner's chunk (runner part, in process)
+    chunk   = T (E (s + o [s > 0] + c_env) + c_act)    one runner's chunk (runner part, in process)
     learn   = T utd u + T utd B c_row(B)                the sampled rows, then the updates
     driver  = d_0 + d_runner R + d_node R (1 - 1/N)     the driver's measured CPU per iteration, fitted
     path    = max(chunk, learn) + driver + R E T c_add + p_0
@@ -20,7 +20,8 @@ With S replay shards (`runtime.replay_shards`) the shards add and sample at once
 R E T c_add and T utd B c_row(B) are divided by S (an assumption: no measured cell had a saturated
 replay actor, RESULTS section 30), and the shards take a core each.
 
-c_row(B) and c_add are the replay part's rows/s at the call sizes a run makes (32 batches of B rows
+o is what a sleeping env step takes beyond its set time (the timer's overshoot and the wake-up),
+fitted. c_row(B) and c_add are the replay part's rows/s at the call sizes a run makes (32 batches of B rows
 per call, 1,024-row adds); R (1 - 1/N) counts the runners off the first node if they spread evenly
 (their chunks and weights cross nodes): the node term. On a real cluster, where each runner, the
 learner, the replay actor and the driver have a core, the iteration takes `path`.
@@ -29,11 +30,16 @@ The measured cells ran on one machine whose few cores every process shared, so t
 whole cluster spends per iteration, W, bounds it too:
 
     W       = driver + k_0 + k_runner R + k_act R T + k_env R E T + k_sleep R E T [s > 0]
-              + k_node R (1 - 1/N) + T utd B c_row(B)
+              + k_node R (1 - 1/N) + k_crowd R R T + T utd B c_row(B)
     t_sim   = max(path, W / C)
 
-The k's are fitted to the FIT cells' measured CPU; C (the cores the run got on a machine busy with
-other work) and p_0 (fixed latency per iteration) to the FIT cells' measured iteration time.
+k_crowd R R T is what each vector step costs more the more runners share the machine's cores
+(context switches and cold caches: the runners' CPU per transition rose by 16-52% from 4 to 32 runners
+in the quiet ceiling, RESULTS section 32); it has no place on a real cluster's critical path.
+The k's are fitted to the FIT cells' measured CPU; p_0 (fixed latency per iteration) and o to the FIT
+cells' measured iteration time. C is each cell's own where the harness recorded it (the machine's cores less
+the other processes' CPU during the cell's window, `other_cores`), else one C (the cores the run got
+on a machine busy with other work) is fitted with p_0. The baseline gets the same C.
 Everything is fitted on FIT cells alone; CHECK cells are only predicted.
 """
 
@@ -52,6 +58,7 @@ GPU_UPDATE_S = 1.4e-3  # the gpu part's simulated update (bench_scale.py's LEANR
 BOOTSTRAP_FITS = 300
 CORE_GRID = np.arange(0.5, 2.0001, 0.02)  # cores the simulated run got (the machine has 2)
 LATENCY_GRID = np.arange(0.0, 0.2001, 0.0025)  # s of fixed latency per iteration
+OVERSHOOT_GRID = np.arange(0.0, 1.0001e-3, 2e-5)  # s a sleeping env step takes beyond its set time
 FRACTION_GRID = np.arange(0.05, 1.0001, 0.01)  # the baseline's fraction of ideal
 
 
@@ -92,6 +99,7 @@ class Cell:
     driver_cpu_s: float  # the driver process's CPU per iteration
     cluster_cpu_s: float  # CPU per iteration of every process of the simulated cluster
     iterations: int
+    cores: float | None = None  # the cores the cell could have: the machine's less the other load's (if recorded)
 
     @property
     def name(self) -> str:
@@ -103,7 +111,7 @@ class Cell:
 def load_cells(part: str, path: Path) -> list[Cell]:
     """The sync cells of one part of a bench_scale.py JSON file that measured something."""
     payload = json.loads(path.read_text())
-    args = payload["args"]
+    args, machine_cores = payload["args"], payload["machine"]["nproc"]
     cells = []
     for row in payload[part]:
         config = row["config"]
@@ -115,7 +123,8 @@ def load_cells(part: str, path: Path) -> list[Cell]:
                       update_s=GPU_UPDATE_S if gpu else 0.0, batch=config.get("batch", 256), utd=config.get("utd", 1))
         cells.append(Cell(part, shape, row["env_steps_per_s"], row["driver_ms_per_iteration"] / 1e3,
                           row["driver_cpu_ms_per_iteration"] / 1e3,
-                          row["cpu_us_per_transition"]["total"] * shape.transitions / 1e6, row["iterations"]))
+                          row["cpu_us_per_transition"]["total"] * shape.transitions / 1e6, row["iterations"],
+                          machine_cores - row["other_cores"] if "other_cores" in row else None))
     return cells
 
 
@@ -164,8 +173,10 @@ class Fitted:
     k_env: float  # ... per transition, free env
     k_sleep: float  # ... per transition, sleeping env (its wake-ups), on top of k_env
     k_node: float  # ... per runner off the first node per iteration
-    cores: float  # the cores the simulated runs got
+    k_crowd: float  # ... per vector step per runner sharing the machine's cores (the simulation's contention)
+    cores: float  # the cores the simulated runs got (fitted; where the cells recorded theirs, their median)
     p_0: float  # fixed latency per iteration
+    overshoot: float = 0.0  # wall time a sleeping env step takes beyond its set time (timer, wake-up)
 
 
 def driver_features(s: Shape) -> list[float]:
@@ -174,7 +185,7 @@ def driver_features(s: Shape) -> list[float]:
 
 def cpu_features(s: Shape) -> list[float]:
     return [1.0, s.runners, s.runners * s.train_every, s.transitions, s.transitions * (s.step_s > 0),
-            s.off_node_runners]
+            s.off_node_runners, s.runners * s.runners * s.train_every]
 
 
 def nonnegative_relative_lstsq(features: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -206,7 +217,8 @@ class Model:
     def path_terms(self, s: Shape) -> dict[str, float]:
         """The critical path's seconds by term (of the chunk and the learner, only the longer counts)."""
         m, f = self.m, self.f
-        chunk = {"transition": s.train_every * s.envs * (s.step_s + m.c_env), "runner": s.train_every * m.c_act}
+        step = s.step_s + (f.overshoot if s.step_s > 0 else 0.0)
+        chunk = {"transition": s.train_every * s.envs * (step + m.c_env), "runner": s.train_every * m.c_act}
         learn = {"row": s.sampled_rows * self.c_row(s.batch) / s.replay_shards,
                  "update": s.train_every * s.utd * s.update_s}
         terms = dict.fromkeys(["fixed", "node", "runner", "transition", "row", "update"], 0.0)
@@ -222,15 +234,17 @@ class Model:
         """CPU seconds per iteration of the whole simulated cluster, by term."""
         f = self.f
         return {"fixed": f.d_0 + f.k_0,
-                "runner": (f.d_runner + f.k_runner) * s.runners + f.k_act * s.runners * s.train_every,
+                "runner": (f.d_runner + f.k_runner) * s.runners + f.k_act * s.runners * s.train_every
+                + f.k_crowd * s.runners * s.runners * s.train_every,
                 "node": (f.d_node + f.k_node) * s.off_node_runners,
                 "transition": s.transitions * (f.k_env + f.k_sleep * (s.step_s > 0)),
                 "row": s.sampled_rows * self.c_row(s.batch), "update": 0.0}
 
-    def simulated(self, s: Shape) -> tuple[float, str, dict[str, float]]:
-        """(seconds per iteration on the shared-core simulation, the bound that binds, its terms)."""
+    def simulated(self, s: Shape, cores: float | None = None) -> tuple[float, str, dict[str, float]]:
+        """(seconds per iteration on the shared-core simulation with `cores` (else the fitted C), the
+        bound that binds, its terms)."""
         path, cpu = self.path_terms(s), self.cpu_terms(s)
-        by_cores = {name: seconds / self.f.cores for name, seconds in cpu.items()}
+        by_cores = {name: seconds / (cores or self.f.cores) for name, seconds in cpu.items()}
         if sum(by_cores.values()) > sum(path.values()):
             return sum(by_cores.values()), "shared cores", by_cores
         return sum(path.values()), "critical path", path
@@ -245,26 +259,44 @@ def dominant(terms: dict[str, float]) -> str:
     return max(terms, key=terms.__getitem__)
 
 
+def core_options(cells: Sequence[Cell]) -> tuple[np.ndarray, bool]:
+    """(the C of each cell to try, one row per option; whether they are the cells' own): the cells'
+    recorded cores as the only option where every cell has them, else each C of CORE_GRID for all."""
+    recorded = [c.cores for c in cells]
+    if None in recorded:
+        return CORE_GRID[:, None] * np.ones(len(cells)), False
+    return np.array(recorded, dtype=float)[None, :], True
+
+
 def fit_model(cells: Sequence[Cell], measured: Measured) -> Model:
     """The driver's CPU and the cluster's CPU by non-negative least squares on relative errors; then the
-    cores and the fixed latency by the grid point with the smallest median |residual| in env steps/s."""
+    fixed latency, a sleeping step's overshoot (and the cores, where the cells did not record theirs)
+    by the grid point with the smallest median |residual| in env steps/s."""
     shapes = [c.shape for c in cells]
     driver = nonnegative_relative_lstsq(np.array([driver_features(s) for s in shapes]),
                                        np.array([c.driver_cpu_s for c in cells]))
-    partial = Model(measured, Fitted(*driver, *[0.0] * 6, cores=1.0, p_0=0.0))
+    partial = Model(measured, Fitted(*driver, *[0.0] * 7, cores=1.0, p_0=0.0))
     known = np.array([partial.driver_s(s) + s.sampled_rows * partial.c_row(s.batch) for s in shapes])
     # the driver's and the rows' CPU are counted already; the rest of the cluster's CPU is fitted
     rest = np.maximum(np.array([c.cluster_cpu_s for c in cells]) - known, 1e-3)
     cpu = nonnegative_relative_lstsq(np.array([cpu_features(s) for s in shapes]), rest)
     model = Model(measured, Fitted(*driver, *cpu, cores=1.0, p_0=0.0))
-    no_latency = np.array([sum(model.path_terms(s).values()) for s in shapes])  # p_0 = 0
     cpu_s = np.array([sum(model.cpu_terms(s).values()) for s in shapes])
     measured_s = np.array([c.iteration_s for c in cells])
-    predicted = np.maximum(no_latency[None, None, :] + LATENCY_GRID[None, :, None],
-                           cpu_s[None, None, :] / CORE_GRID[:, None, None])
-    score = np.median(np.abs(measured_s / predicted - 1), axis=2)
-    i, j = np.unravel_index(np.argmin(score), score.shape)
-    return Model(measured, replace(model.f, cores=float(CORE_GRID[i]), p_0=float(LATENCY_GRID[j])))
+    options, own = core_options(cells)
+    best: tuple[float, float, float, float] | None = None  # (score, cores, p_0, overshoot)
+    for overshoot in OVERSHOOT_GRID:
+        trial = Model(measured, replace(model.f, overshoot=float(overshoot)))
+        no_latency = np.array([sum(trial.path_terms(s).values()) for s in shapes])  # p_0 = 0
+        predicted = np.maximum(no_latency[None, None, :] + LATENCY_GRID[None, :, None],
+                               cpu_s[None, None, :] / options[:, None, :])
+        score = np.median(np.abs(measured_s / predicted - 1), axis=2)
+        i, j = np.unravel_index(np.argmin(score), score.shape)
+        if best is None or score[i, j] < best[0]:
+            cores = float(np.median(options[0])) if own else float(CORE_GRID[i])
+            best = (float(score[i, j]), cores, float(LATENCY_GRID[j]), float(overshoot))
+    _, cores, p_0, overshoot = best
+    return Model(measured, replace(model.f, cores=cores, p_0=p_0, overshoot=overshoot))
 
 
 # ---- the baseline rule ----------------------------------------------------------------------------------------------
@@ -296,25 +328,28 @@ def fit_baseline(cells: Sequence[Cell], m: Measured) -> Baseline:
     ideal = np.array([ideal_rate(c.shape, m) for c in cells])
     per_core = np.array([1.0 / np.dot(kappa, kappa_features(c.shape)) for c in cells])
     measured = np.array([c.env_steps_per_s for c in cells])
+    options, own = core_options(cells)
     predicted = np.minimum(FRACTION_GRID[:, None, None] * ideal[None, None, :],
-                           CORE_GRID[None, :, None] * per_core[None, None, :])
+                           options[None, :, :] * per_core[None, None, :])
     score = np.median(np.abs(predicted / measured - 1), axis=2)
     i, j = np.unravel_index(np.argmin(score), score.shape)
-    return Baseline(float(FRACTION_GRID[i]), float(CORE_GRID[j]), *map(float, kappa))
+    cores = float(np.median(options[0])) if own else float(CORE_GRID[j])
+    return Baseline(float(FRACTION_GRID[i]), cores, *map(float, kappa))
 
 
-def baseline_rate(b: Baseline, s: Shape, m: Measured) -> float:
+def baseline_rate(b: Baseline, s: Shape, m: Measured, cores: float | None = None) -> float:
+    """The rule's env steps/s with `cores` (a cell's recorded ones), else its fitted cores."""
     kappa = np.dot([b.kappa_env, b.kappa_act, b.kappa_sleep], kappa_features(s))
-    return float(min(b.fraction * ideal_rate(s, m), b.cores / kappa))
+    return float(min(b.fraction * ideal_rate(s, m), (cores or b.cores) / kappa))
 
 
 # ---- scoring --------------------------------------------------------------------------------------------------------
 def residual_rows(cells: Sequence[Cell], model: Model, baseline: Baseline) -> list[dict[str, Any]]:
     rows = []
     for cell in cells:
-        seconds, bound, terms = model.simulated(cell.shape)
+        seconds, bound, terms = model.simulated(cell.shape, cell.cores)
         predicted = cell.shape.transitions / seconds
-        rule = baseline_rate(baseline, cell.shape, model.m)
+        rule = baseline_rate(baseline, cell.shape, model.m, cell.cores)
         rows.append({"cell": cell.name, "iterations": cell.iterations, "measured": round(cell.env_steps_per_s),
                      "predicted": round(predicted), "residual": round(predicted / cell.env_steps_per_s - 1, 3),
                      "measured_ms": round(cell.iteration_s * 1e3, 1), "predicted_ms": round(seconds * 1e3, 1),

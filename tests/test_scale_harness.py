@@ -12,6 +12,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+import psutil
 import pytest
 import torch
 from gymnasium.utils.env_checker import check_env
@@ -72,6 +73,11 @@ def test_the_harness_measures_a_two_node_cluster(tmp_path: Path) -> None:
     assert {"EnvRunner", "ReplayBuffer", "Learner", "driver"} <= set(cpu), cpu  # every actor was seen working
     assert cpu["total"] == pytest.approx(sum(v for k, v in cpu.items() if k != "total"))
     assert 0 < cell["learner_busy"] < 1  # its 1 ms updates, part of the wall time
+    # the machine during the window: the cluster's CPU (its per-transition CPU at its rate) and everything
+    # else's, in cores, together no more than the machine has; the load averages at the cell's end
+    assert cell["cluster_cores"] == pytest.approx(cpu["total"] * 1e-6 * cell["env_steps_per_s"], rel=1e-6)
+    assert cell["cluster_cores"] > 0 and cell["cluster_cores"] + cell["other_cores"] <= 1.05 * psutil.cpu_count()
+    assert len(cell["load_average"]) == 3
     # the replay actor on the learner's node (its samples move through shared memory), the runners on both
     placement = cell["placement"]
     assert placement["replay"] == placement["learners"] and len(placement["runners"]) == 4, placement
