@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Create .venv and install aa-ray with its test tools. Safe to run again (it only adds what is missing).
+# Create .venv and install aa-ray with the extras named as arguments (default: dev, the test tools),
+# one after the other: pip resolves the playground extra on its own in about a minute, and together
+# with the rest backtracks for minutes. Safe to run again (it only adds what is missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+[ $# -gt 0 ] || set -- dev
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 
-# torch first, so the package install below does not pull a multi-GB CUDA build on a CPU-only
-# machine. TORCH_REQUIREMENT overrides the choice.
+# torch first, and through pip, so the package install below does not pull a multi-GB CUDA build on a
+# CPU-only machine (pip also takes a wheel the machine keeps on disk). TORCH_REQUIREMENT overrides the choice.
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   if [ -n "${TORCH_REQUIREMENT:-}" ]; then
     torch_req=$TORCH_REQUIREMENT
@@ -21,7 +24,17 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/python -m pip install --quiet "$torch_req"
 fi
 
-.venv/bin/python -m pip install --quiet -e ".[dev]"
+# The rest through uv where it installs: it resolves and fetches the ~200 packages in parallel (pip
+# took 132 s on a 2-core machine without a download cache, uv 50 s: benchmarks/RESULTS.md section 33)
+# and keeps the torch above, which satisfies the requirement; --compile-bytecode writes the packages'
+# bytecode at install, as pip does. pip where uv does not install.
+installer=(.venv/bin/python -m pip install --quiet)
+if .venv/bin/python -m pip install --quiet uv 2>/dev/null; then
+  installer=(.venv/bin/uv pip install --quiet --compile-bytecode --python .venv/bin/python)
+fi
+for extras in "$@"; do
+  "${installer[@]}" -e ".[$extras]"
+done
 # the package's bytecode, once: where PYTHONDONTWRITEBYTECODE is set, every process that imports it
 # (each Ray worker, each CLI call) would compile it again, about 0.2 s of CPU each
 .venv/bin/python -m compileall -q aa_ray

@@ -97,9 +97,9 @@ def test_without_a_gl_backend_videos_are_skipped_with_a_warning(tmp_path: Path) 
     env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "DISPLAY")}
     run = subprocess.run(
         [sys.executable, "-m", "aa_ray.cli", "run", str(ROOT / "specs" / "sac.yaml"), "--no-track", "--plain",
-         "--set", "eval.video=true", "--set", "budget.env_steps=400", "--set", "algo.warm_up_steps=200",
-         "--set", "eval.every_env_steps=200", "--set", "eval.episodes=2", "--set", "algo.actor_hidden_dims=[32,32]",
-         "--set", "algo.critic_hidden_dims=[32,32]"],
+         "--set", "runtime.backend=inline", "--set", "eval.video=true", "--set", "budget.env_steps=400",
+         "--set", "algo.warm_up_steps=200", "--set", "eval.every_env_steps=200", "--set", "eval.episodes=2",
+         "--set", "algo.actor_hidden_dims=[32,32]", "--set", "algo.critic_hidden_dims=[32,32]"],
         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
     )
     output = " ".join((run.stdout + run.stderr).split())  # the progress display wraps long lines
@@ -108,11 +108,10 @@ def test_without_a_gl_backend_videos_are_skipped_with_a_warning(tmp_path: Path) 
     assert not list(tmp_path.glob("runs/*/videos/*.gif"))
 
 
-@pytest.mark.usefixtures("one_ray")
 def test_report_draws_the_stored_curves(tmp_path: Path) -> None:
     """Two seeds of a small run, children of one parent: `aa-ray report --parent` writes a PNG and a
     self-contained HTML page whose curve data are the stored eval metrics (median over the seeds),
-    and logs them to the parent run."""
+    and logs them to the parent run. (The runs are inline: the report reads only what they stored.)"""
     from mlflow.tracking import MlflowClient
     from PIL import Image
 
@@ -125,7 +124,7 @@ def test_report_draws_the_stored_curves(tmp_path: Path) -> None:
     for seed in (0, 1):
         spec = load_spec(ROOT / "specs" / "sac_pendulum.yaml", [
             f"seed={seed}", "budget.env_steps=800", "algo.warm_up_steps=200", "eval.every_env_steps=200",
-            "eval.episodes=2",
+            "eval.episodes=2", "runtime.backend=inline",
             "algo.actor_hidden_dims=[32,32]", "algo.critic_hidden_dims=[32,32]", "checkpoint.save_replay=false",
         ])
         Trainer(spec, live=False, context=RunContext(parent_run_id=parent.run_id)).run()
@@ -167,14 +166,15 @@ SHORT_EVALUATED_RUN = [
 ]
 
 
-@pytest.mark.usefixtures("one_ray")
 def test_eval_video_is_logged_to_mlflow() -> None:
-    """eval.video renders the first eval episode offscreen (EGL here) into a GIF artifact per evaluation."""
+    """eval.video renders the first eval episode offscreen (EGL here) into a GIF artifact per evaluation
+    (inline: runner 0 renders it in this process, as it does in its actor on Ray)."""
     from mlflow.tracking import MlflowClient
     from PIL import Image
 
     spec = load_spec(ROOT / "specs" / "sac.yaml", [
         *SHORT_EVALUATED_RUN, "eval.video=true", "eval.video_max_frames=8", "budget.env_steps=600",
+        "runtime.backend=inline",
     ])
     result = Trainer(spec, live=False).run()
     client = MlflowClient()

@@ -7,11 +7,13 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import ray
 import torch
+import torch.distributed as dist
 from mlflow.tracking import MlflowClient
 
 from aa_ray.records import NormMoments, Transitions
@@ -68,21 +70,36 @@ def test_two_gloo_learners_stay_identical_and_match_one_learner() -> None:
     """Two DDP learners, each fed half of every global batch, end with identical models, equal
     (within float tolerance) to one learner fed the whole batches: gradient averaging, the
     explicitly synchronized normalizers and the sharded sampling noise all line up, in every
-    variant of the family (one Ray for all of them: a start costs more than a variant's check)."""
+    variant of the family (one Ray and two rank processes for all of them: starting them costs
+    more than a variant's check)."""
+
+    class RankProcess:  # defined here so that Ray ships it by value: the workers cannot import this file
+        """One rank's process, hosting that rank's Learner of each variant in turn (a new process
+        costs ~3 CPU-s to import torch). A new variant's learner joins a new process group once the
+        last one's is gone, as a restarted Learner actor would."""
+
+        def start(self, spec: Any, obs_dim: int, act_dim: int, rank: int) -> None:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            self.learner = Learner(spec, obs_dim, act_dim, rank)
+
+        def call(self, method: str, *args: Any) -> Any:
+            return getattr(self.learner, method)(*args)
+
+    ranks = [ray.remote(RankProcess).options(num_cpus=1).remote() for _ in range(2)]
     for algo_file in SMALL_NETS:
-        check_two_gloo_learners_against_one(algo_file)
+        check_two_gloo_learners_against_one(algo_file, ranks)
 
 
-def check_two_gloo_learners_against_one(algo_file: str) -> None:
+def check_two_gloo_learners_against_one(algo_file: str, ranks: list[Any]) -> None:
     overrides = [*SMALL_NETS[algo_file], "algo.batch_size=64", "algo.utd_ratio=2", "algo.normalize_obs=true"]
     one = spec(*overrides, file=algo_file)
     two = spec(*overrides, "learners.num_learners=2", file=algo_file)
     obs_dim, act_dim = 8, 2
     single = Learner(one, obs_dim, act_dim)
-    remote = ray.remote(Learner).options(num_cpus=1)
-    ranks = [remote.remote(two, obs_dim, act_dim, rank) for rank in range(2)]
-    address = ray.get(ranks[0].rendezvous_address.remote(ray.util.get_node_ip_address()))
-    ray.get([learner.join.remote(address) for learner in ranks])
+    ray.get([process.start.remote(two, obs_dim, act_dim, rank) for rank, process in enumerate(ranks)])
+    address = ray.get(ranks[0].call.remote("rendezvous_address", ray.util.get_node_ip_address()))
+    ray.get([process.call.remote("join", address) for process in ranks])
 
     rng = np.random.default_rng(0)
     for _ in range(6):
@@ -90,12 +107,10 @@ def check_two_gloo_learners_against_one(algo_file: str) -> None:
         moments = NormMoments((64, rng.normal(size=obs_dim), rng.uniform(0.5, 2, obs_dim)), (64, 0.0, 1.0, 1.0))
         shards = [samples.take((slice(None), slice(r * 32, (r + 1) * 32))) for r in range(2)]
         single.update([moments], samples)
-        ray.get([learner.update.remote([moments], shard) for learner, shard in zip(ranks, shards, strict=True)])
+        ray.get([process.call.remote("update", [moments], shard) for process, shard in zip(ranks, shards, strict=True)])
 
-    rank0, rank1 = ray.get([learner.parameters_vector.remote() for learner in ranks])
-    states = [ray.get(learner.state_dict.remote()).algo for learner in ranks] + [single.state_dict().algo]
-    for learner in ranks:  # their CPUs back for the next variant's pair
-        ray.kill(learner)
+    rank0, rank1 = ray.get([process.call.remote("parameters_vector") for process in ranks])
+    states = [ray.get(process.call.remote("state_dict")).algo for process in ranks] + [single.state_dict().algo]
     reference = single.parameters_vector()
     if algo_file == "crossq.yaml":  # every batch-renormalization layer's running statistics, by name
         stats = [{f"{net}.{key}": value for net in ("policy", "critic") for key, value in state[net].items()

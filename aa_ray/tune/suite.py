@@ -47,7 +47,14 @@ from aa_ray.tune.session import (
     write_state,
 )
 from aa_ray.tune.specs import Suite
-from aa_ray.tune.trials import TRIAL_LOG, output_to_log, train_trial, trial_bundles, trial_resources
+from aa_ray.tune.trials import (
+    REUSE_TRIAL_PROCESSES,
+    TRIAL_LOG,
+    output_to_log,
+    train_trial,
+    trial_bundles,
+    trial_resources,
+)
 
 SUITE_FILE = "suite.json"  # the parent run this suite's invocations share, how the last one ended
 RECORD_FILE = "cell.json"  # written when a cell's run has finished
@@ -247,7 +254,8 @@ def _run_cells(suite: Suite, todo: list[CellPlan], cells: dict[str, dict[str, An
         tune.with_resources(tune.with_parameters(suite_trial, cells=cells), resources),
         param_space={"cell": tune.grid_search(list(plans))},
         tune_config=tune.TuneConfig(max_concurrent_trials=spec.max_concurrent_trials,
-                                    trial_dirname_creator=lambda trial: trial.config["cell"]),
+                                    trial_dirname_creator=lambda trial: trial.config["cell"],
+                                    reuse_actors=REUSE_TRIAL_PROCESSES),
         run_config=tune.RunConfig(
             name=experiment, storage_path=storage, failure_config=tune.FailureConfig(max_failures=spec.max_failures),
             verbose=1, progress_reporter=status_table({"cell": "cell"}, m.EVAL_RETURN),

@@ -39,7 +39,15 @@ from aa_ray.tune.session import (
     write_state,
 )
 from aa_ray.tune.specs import Sweep
-from aa_ray.tune.trials import TRIAL_LOG, TRIAL_TAG, output_to_log, train_trial, trial_bundles, trial_resources
+from aa_ray.tune.trials import (
+    REUSE_TRIAL_PROCESSES,
+    TRIAL_LOG,
+    TRIAL_TAG,
+    output_to_log,
+    train_trial,
+    trial_bundles,
+    trial_resources,
+)
 
 
 def sweep_trial(config: dict[str, Any], base: dict[str, Any], root: str, tracking: dict[str, Any] | None) -> None:
@@ -176,6 +184,7 @@ def _new_tuner(sweep: Sweep, trainable: Any, root: Path, storage: str) -> tune.T
             metric=spec.metric, mode=spec.mode, num_samples=spec.num_samples,
             max_concurrent_trials=spec.max_concurrent_trials, scheduler=_scheduler(sweep),
             search_alg=_searcher(sweep), trial_dirname_creator=lambda trial: trial.trial_id,
+            reuse_actors=REUSE_TRIAL_PROCESSES,
         ),
         run_config=tune.RunConfig(
             name=root.name, storage_path=storage,
