@@ -44,6 +44,7 @@ def test_a_format2_sac_checkpoint_resumes_under_the_new_knob_names(tmp_path: Pat
     overrides = [arg for knob in SAC_AS_TRAINED for arg in ("--set", knob)]
     result = aa_ray(
         "run", str(ROOT / "specs" / "sac.yaml"), *overrides, "--set", "budget.env_steps=500", "--no-track", "--plain",
+        "--set", "runtime.backend=inline",  # a checkpoint is read alike on both backends
         "--resume", str(run_dir / "checkpoints" / "final"), cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -57,24 +57,26 @@ def test_the_shipped_sweep_stops_its_trials_at_5_cm() -> None:
         assert spec.budget.stop_rules == (StopAtSpec(metric="eval/distance", below=0.05),)
 
 
-def pipeline_document(rlpd_seed: int) -> dict:
+def pipeline_document(rlpd_seed: int, rlpd_backend: str) -> dict:
+    """PPO trains inline in its trial's process; RLPD in actors of its own where `rlpd_backend` is ray."""
     return {"name": "tiny_rlpd", "stages": {
         "ppo": {"kind": "train", "spec": str(SPECS / "ppo.yaml"), "set": {
-            "budget.env_steps": 2048, "algo.actor_hidden_dims": [32, 32],
-            "algo.critic_hidden_dims": [32, 32], "checkpoint.every_env_steps": None, **TINY_EVAL}},
+            "budget.env_steps": 2048, "algo.actor_hidden_dims": [32, 32], "algo.critic_hidden_dims": [32, 32],
+            "checkpoint.every_env_steps": None, "runtime.backend": "inline", **TINY_EVAL}},
         "rollouts": {"kind": "rollout", "policy": "ppo.checkpoint", "episodes": 6},
         "rlpd": {"kind": "train", "spec": str(SPECS / "rlpd.yaml"), "inputs": {"algo.prior_data": "rollouts.dataset"},
                  "set": {**TINY_SAC, "algo.warm_up_steps": 100, "budget.env_steps": 600, "seed": rlpd_seed,
-                         "checkpoint.every_env_steps": None}},
+                         "checkpoint.every_env_steps": None, "runtime.backend": rlpd_backend}},
     }}
 
 
 @pytest.mark.usefixtures("one_ray")
 def test_pipeline_ppo_rollout_rlpd_then_reuse(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """PPO -> rollout (a Parquet dataset of its policy) -> RLPD on that dataset, each stage a Tune
-    trial. A second invocation with the RLPD stage changed reuses the first two stages and reruns
-    only RLPD. Each invocation is one MLflow parent with three children."""
-    pipeline_file = write(tmp_path / "pipeline.yaml", pipeline_document(rlpd_seed=0))
+    trial, the first RLPD run's in Ray actors placed in its trial's placement group. A second
+    invocation with the RLPD stage changed (and inline) reuses the first two stages and reruns only
+    RLPD. Each invocation is one MLflow parent with three children."""
+    pipeline_file = write(tmp_path / "pipeline.yaml", pipeline_document(rlpd_seed=0, rlpd_backend="ray"))
     assert cli.main(["pipeline", str(pipeline_file)]) == 0
     first = capsys.readouterr().out
     assert first.count(": running ") == 3 and "reused" not in first
@@ -87,7 +89,7 @@ def test_pipeline_ppo_rollout_rlpd_then_reuse(tmp_path: Path, capsys: pytest.Cap
     (rlpd_checkpoint,) = root.glob("rlpd-*/checkpoints/final")
     assert load_checkpoint(rlpd_checkpoint).spec["algo"]["prior_data"] == str(dataset_file)
 
-    write(pipeline_file, pipeline_document(rlpd_seed=1))
+    write(pipeline_file, pipeline_document(rlpd_seed=1, rlpd_backend="inline"))
     assert cli.main(["pipeline", str(pipeline_file)]) == 0
     second = capsys.readouterr().out
     assert "stage ppo: reused" in second and "stage rollouts: reused" in second
