@@ -38,6 +38,7 @@ ACTOR_MODULES = {
 }
 
 # Run in a child: starts Ray, then prints the CPU its process tree spent starting the actors.
+# Arguments: the runtime env (JSON), the actors to start, the seconds to let Ray's daemons settle first.
 WORKERS = """
 import json, sys, time
 import psutil, ray
@@ -60,7 +61,7 @@ def tree_cpu(seen):
     return sum(seen.values())
 
 seen = {}
-time.sleep(1.0)  # Ray's daemons settle
+time.sleep(float(sys.argv[3]))  # Ray's daemons settle
 before = tree_cpu(seen)
 actors = [Bare.remote() for _ in range(int(sys.argv[2]))]
 ray.get([actor.ping.remote() for actor in actors])
@@ -69,9 +70,9 @@ ray.shutdown()
 """
 
 
-def workers_cpu(runtime_env: dict[str, Any] | None, actors: int) -> float:
+def workers_cpu(runtime_env: dict[str, Any] | None, actors: int, settle_s: float = 1.0) -> float:
     """CPU seconds the tree spent starting `actors` bare actors, as a rate (starts per CPU second)."""
-    done = subprocess.run([sys.executable, "-c", WORKERS, json.dumps(runtime_env), str(actors)],
+    done = subprocess.run([sys.executable, "-c", WORKERS, json.dumps(runtime_env), str(actors), str(settle_s)],
                           capture_output=True, text=True, timeout=300, check=True)
     return actors / float(done.stdout.strip().splitlines()[-1])
 
@@ -89,15 +90,18 @@ def main() -> None:
     parser.add_argument("--actors", type=int, default=4, help="bare actors started per repetition")
     args = parser.parse_args()
     modules = dict(ACTOR_MODULES)
-    if args.smoke:  # one start of each contender, and the one import without torch
+    settle_s = 1.0
+    if args.smoke:  # one start of each contender, not waiting for Ray to settle, and the one import without torch
         args.reps, args.actors, modules = 1, 1, {"replay buffer": ACTOR_MODULES["replay buffer"]}
+        settle_s = 0.0
     info = machine_info()
     print_machine(info)
     print(f"# command: {command_line()}")
 
     print("## workers: actor starts per CPU second of the Ray process tree")
-    starts = alternate([("runtime env", lambda: workers_cpu({"env_vars": {"OMP_NUM_THREADS": "1"}}, args.actors)),
-                        ("none", lambda: workers_cpu(None, args.actors))], args.reps)
+    starts = alternate([("runtime env", lambda: workers_cpu({"env_vars": {"OMP_NUM_THREADS": "1"}}, args.actors,
+                                                            settle_s)),
+                        ("none", lambda: workers_cpu(None, args.actors, settle_s))], args.reps)
     per_actor = {name: [1.0 / rate for rate in rates] for name, rates in starts.items()}
     print_table(["runtime env", "CPU s per actor start (median)", "reps"],
                 [[name, statistics.median(values), len(values)] for name, values in per_actor.items()])

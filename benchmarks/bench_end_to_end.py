@@ -115,8 +115,9 @@ def main() -> None:
                         help="set RAY_worker_niceness (Ray's default is 15) for a sensitivity check")
     parser.add_argument("--verbose", action="store_true", help="show the Trainer's progress lines")
     args = parser.parse_args()
-    if args.smoke:  # the inline contenders (and SB3) at a tiny budget: the script's path without a Ray start
-        args.reps, args.budget, args.warm_up, args.skip_train_every_1 = 1, 400, 200, True
+    if args.smoke:  # the inline contenders (and SB3) at a tiny budget: the script's path without a Ray start;
+        # three learning iterations (16 env steps each) after the warm-up make the learning phase
+        args.reps, args.budget, args.warm_up, args.skip_train_every_1 = 1, 256, 200, True
     torch.set_num_threads(1)
     info = machine_info()
     print_machine(info)

@@ -78,6 +78,7 @@ QUICK_ENV_COUNTS = (4,)
 DEFAULT_RESULTS = BENCHMARKS / "results" / "env_stepping.json"
 BATCHED_RUNNER_FILE = REPO / "aa_ray" / "runtime" / "batched_runner.py"
 WARM_UP_S = 0.3  # a contender's untimed first calls, which also size its cells
+SMOKE_WARM_UP_S = 0.01  # --smoke: its cells are no result, so the warm-up only has to size them
 RAW_BASELINE = "gymnasium sync vector env"
 POLICY_BASELINE = "aa-ray EnvRunner (today)"
 
@@ -274,18 +275,19 @@ def timed(collector: Collector, vector_steps: int) -> dict[str, float]:
             "steps_per_cpu_s": env_steps / max(cpu_s, 1e-9), "load_1m": os.getloadavg()[0]}
 
 
-def cell_size(collector: Collector, seconds: float) -> int:
-    """Warm the contender up (untimed) and return the vector steps that take about `seconds` at its rate."""
+def cell_size(collector: Collector, seconds: float, warm_up_s: float = WARM_UP_S) -> int:
+    """Warm the contender up (untimed, until a call takes `warm_up_s`) and return the vector steps that
+    take about `seconds` at its rate."""
     vector_steps, spent_s, done = 1, 0.0, 0
-    while spent_s < WARM_UP_S:
+    while spent_s < warm_up_s:
         call = timed(collector, vector_steps)
         spent_s, done = call["wall_s"], vector_steps
         vector_steps *= 4
     return max(1, math.ceil(seconds * done / spent_s))
 
 
-def measure_env_count(contenders: dict[str, Callable[[int], Collector]], envs: int, seconds: float, reps: int
-                      ) -> list[Cell]:
+def measure_env_count(contenders: dict[str, Callable[[int], Collector]], envs: int, seconds: float, reps: int,
+                      warm_up_s: float = WARM_UP_S) -> list[Cell]:
     """Build every contender at `envs`, size its cell, then run them alternately `reps` times."""
     cells, ready = [], []
     for name, build in contenders.items():
@@ -297,7 +299,7 @@ def measure_env_count(contenders: dict[str, Callable[[int], Collector]], envs: i
             cell.unavailable = str(err)
             print(f"  {name}: not available: {err}", flush=True)
             continue
-        cell.vector_steps = cell_size(collector, seconds)
+        cell.vector_steps = cell_size(collector, seconds, warm_up_s)
         ready.append((cell, collector))
 
     def run(cell: Cell, collector: Collector) -> float:
@@ -399,6 +401,7 @@ def main() -> None:
     env_counts = args.envs or (QUICK_ENV_COUNTS if args.quick else ENV_COUNTS)
     seconds = args.seconds or (0.03 if args.smoke else 0.1 if args.quick else 2.5)
     reps = args.reps or (1 if args.smoke else 2 if args.quick else 5)
+    warm_up_s = SMOKE_WARM_UP_S if args.smoke else WARM_UP_S
     json_path = args.json or (None if args.quick else DEFAULT_RESULTS)
     if seconds <= 0:
         parser.error(f"--seconds must be positive, got {seconds}")
@@ -420,7 +423,7 @@ def main() -> None:
         cells = []
         for envs in env_counts:
             print(f"\n# {part}: {envs} envs", flush=True)
-            cells += measure_env_count(contenders, envs, seconds, reps)
+            cells += measure_env_count(contenders, envs, seconds, reps, warm_up_s)
         rows = summarize(cells, baseline)
         payload["parts"][part] = {"baseline": baseline, "load_before": load_before, "load_after": os.getloadavg(),
                                   "cells": rows}

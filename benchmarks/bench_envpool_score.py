@@ -78,7 +78,7 @@ def main() -> None:
     args = parser.parse_args()
     args.quick = args.quick or args.smoke
     if args.quick:
-        args.env_steps, args.eval_every, args.seeds = 512, 256, [0]
+        args.env_steps, args.eval_every, args.seeds = 384, 256, [0]
     info = machine_info()
     print_machine(info)
     common = [

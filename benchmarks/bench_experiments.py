@@ -53,7 +53,8 @@ def summarize(steps: list[int | None]) -> dict:
 
 
 def part_ppo(args) -> dict:
-    sac_budget, sac_eval, ppo_eval = (600, 300, args.ppo_budget) if args.smoke else (20_000, 1_000, 10_000)
+    # smoke: SAC learns for 100 env steps after its warm-up, evaluating once at the end
+    sac_budget, sac_eval, ppo_eval = (300, 300, args.ppo_budget) if args.smoke else (20_000, 1_000, 10_000)
     extra = SMOKE_RUN if args.smoke else ()
     results = {
         "sac": summarize([steps_to_solve("sac.yaml", s, sac_budget, sac_eval, args.output_dir,
@@ -110,8 +111,8 @@ def main() -> None:
     parser.add_argument("--ppo-budget", type=int, default=500_000)
     parser.add_argument("--output-dir", default="/tmp/aa_ray_bench_experiments")
     args = parser.parse_args()
-    if args.smoke:  # one seed of each, a few hundred env steps, in this process: the path, nothing solved
-        args.part, args.seeds, args.ppo_budget = "ppo", 1, 2048
+    if args.smoke:  # one seed of each, a few hundred env steps (PPO: one update), in this process: the path
+        args.part, args.seeds, args.ppo_budget = "ppo", 1, 1024
     run_part(args, {"ppo": part_ppo, "pipeline": part_pipeline})
 
 

@@ -52,8 +52,10 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also time learners.compile=on")
     args = parser.parse_args()
     specs = ("sac", "sac_simba", "td3")
-    if args.smoke:  # one spec, one timing
+    peak_sizes, peak_s = (256, 512, 1024), 0.3  # matmuls timed for the peak, seconds per size
+    if args.smoke:  # one spec, one timing; the peak from the smallest matmul's minimum repetitions
         args.reps, args.compile, specs = 1, False, ("sac",)
+        peak_sizes, peak_s = (256,), 0.0
     torch.set_num_threads(1)
     info = machine_info()
     print_machine(info)
@@ -72,7 +74,7 @@ def main() -> None:
             updates_per_s(learner, replay)  # warm-up (and compilation)
             rates, peaks = [], []
             for _ in range(args.reps):
-                peaks.append(max(matmul_peak(cpu, (256, 512, 1024), seconds=0.3, labels=("fp32",)).values()))
+                peaks.append(max(matmul_peak(cpu, peak_sizes, seconds=peak_s, labels=("fp32",)).values()))
                 rates.append(updates_per_s(learner, replay))
             rate, peak = max(rates), max(peaks) * 1e12
             efficiency = flops * rate / peak

@@ -270,8 +270,9 @@ def main() -> None:
     rows, results = [], {}
     for label, (obs_dim, act_dim) in dims.items():
         contenders, parts = make_contenders(obs_dim, act_dim, args.updates)
-        for _, fn in contenders:  # warm-up outside the timed repetitions (Adam state, allocator)
-            fn()
+        if not args.smoke:  # a smoke cell's rates are no result: it needs no warm-up
+            for _, fn in contenders:  # warm-up outside the timed repetitions (Adam state, allocator)
+                fn()
         print(f"\n{label}: {parts['n_updates']} updates per timing, "
               f"ours calls Learner.update({parts['per_call']} batches)")
         rates = alternate(contenders, args.reps)

@@ -52,13 +52,17 @@ SAMPLE_EVERY_S = 0.5  # CPU counters are read at an iteration's end at most this
 
 # ---- the cluster ------------------------------------------------------------------------------------------------
 @contextmanager
-def simulated_cluster(nodes: int, cpus_per_node: int, gpus_per_node: int = 0) -> Iterator[Any]:
+def simulated_cluster(nodes: int, cpus_per_node: int, gpus_per_node: int = 0, lean: bool = False) -> Iterator[Any]:
     """A local Ray cluster of `nodes` nodes (a head and workers, each a raylet with its own object
-    store, `cpus_per_node` logical CPUs) that runs started while inside join through RAY_ADDRESS."""
+    store, `cpus_per_node` logical CPUs) that runs started while inside join through RAY_ADDRESS.
+    `lean` leaves out Ray's dashboard and the idle workers Ray starts for the first driver, which no
+    run here uses: seconds of CPU that a smoke cell saves (measured cells keep Ray's defaults)."""
     from ray.cluster_utils import Cluster
 
     node_args = {"num_cpus": cpus_per_node, "num_gpus": gpus_per_node, "object_store_memory": 300 * 2**20}
-    cluster = Cluster(initialize_head=True, head_node_args=node_args)
+    head_args = node_args | ({"include_dashboard": False, "_system_config": {"prestart_worker_first_driver": False}}
+                             if lean else {})
+    cluster = Cluster(initialize_head=True, head_node_args=head_args)
     for _ in range(nodes - 1):
         cluster.add_node(**node_args)
     cluster.wait_for_nodes()

@@ -108,6 +108,25 @@ class Cell:
         return (self.side, self.measure, self.step_s, self.runners, self.envs, self.rep)
 
 
+@dataclass(frozen=True)
+class Sizes:
+    """How long a cell runs: its window spans at least `rounds` rounds and `seconds`, after `settle`
+    rounds and, in loop cells, after a warm-up of `warm_up` env steps."""
+
+    rounds: int
+    seconds: float
+    settle: int = SETTLE_ROUNDS
+    warm_up: int = WARM_UP
+
+    def learning_rounds(self, cell: Cell) -> int:
+        """The rounds a loop cell's fleet takes to step past the warm-up (none in other cells)."""
+        return math.ceil(self.warm_up / (cell.runners * cell.envs * ROUND)) if cell.measure == "loop" else 0
+
+    def window(self, cell: Cell) -> Window:
+        # a window starts at a round's end: the first round's at the earliest
+        return Window(max(1, self.learning_rounds(cell) + self.settle), self.rounds, self.seconds)
+
+
 class Window:
     """Round end stamps (count, wall clock, the cluster's CPU by process kind): the rate is taken from
     the stamp after `skip` rounds to the first one at which the window spans `rounds` rounds and
@@ -145,7 +164,7 @@ class Window:
 
 
 # ---- aa-ray -----------------------------------------------------------------------------------------------------
-def aa_ray_spec(folder: Path, cell: Cell) -> Any:
+def aa_ray_spec(folder: Path, cell: Cell, warm_up: int) -> Any:
     """scale_sim.yaml with aa-ray's `sac` in place of the timed learner, at the cell's fleet and step cost."""
     from aa_ray.spec.loader import load_spec
 
@@ -154,7 +173,7 @@ def aa_ray_spec(folder: Path, cell: Cell) -> Any:
     document["algo"] = algo | {
         "name": "sac", "actor_hidden_dims": WIDTHS, "critic_hidden_dims": WIDTHS, "batch_size": BATCH,
         "buffer_size": BUFFER, "train_every": ROUND, "utd_ratio": 1,
-        "warm_up_steps": NEVER if cell.measure == "collect" else WARM_UP,
+        "warm_up_steps": NEVER if cell.measure == "collect" else warm_up,
     }
     document["env"]["kwargs"]["step_s"] = cell.step_s
     document["runners"] = {"num_runners": cell.runners, "envs_per_runner": cell.envs}
@@ -164,16 +183,15 @@ def aa_ray_spec(folder: Path, cell: Cell) -> Any:
     return load_spec(path)
 
 
-def aa_ray_run(cell: Cell, rounds: int, seconds: float) -> Cell:
+def aa_ray_run(cell: Cell, sizes: Sizes) -> Cell:
     """A Trainer run on the cluster RAY_ADDRESS names, its iterations stamped through the run record's
     per-iteration `show`, stopped once the window is full."""
     from aa_ray.runtime.trainer import Trainer
 
     with tempfile.TemporaryDirectory(prefix="bench_rllib_") as folder:
-        spec = aa_ray_spec(Path(folder), cell)
+        spec = aa_ray_spec(Path(folder), cell, sizes.warm_up)
         trainer = Trainer(spec, run_dir=Path(folder) / "run", track=False, live=False)
-        learning_rounds = 0 if cell.measure == "collect" else math.ceil(WARM_UP / (cell.runners * cell.envs * ROUND))
-        window = Window(learning_rounds + SETTLE_ROUNDS, rounds, seconds)
+        window = sizes.window(cell)
         show = trainer.record.show
 
         def show_and_stamp(env_steps: int, metrics: dict[str, float]) -> None:
@@ -186,8 +204,8 @@ def aa_ray_run(cell: Cell, rounds: int, seconds: float) -> Cell:
     return window.fill(cell, cell.runners * cell.envs * ROUND)
 
 
-def aa_ray_learn(cell: Cell, rounds: int, seconds: float) -> Cell:
-    """The learner path as the sync loop calls it, `rounds` times after SETTLE_ROUNDS: the replay
+def aa_ray_learn(cell: Cell, sizes: Sizes) -> Cell:
+    """The learner path as the sync loop calls it, over a window after `sizes.settle` calls: the replay
     actor samples 32 batches, the learner actor updates on them (the object store between them)."""
     import ray
 
@@ -195,13 +213,13 @@ def aa_ray_learn(cell: Cell, rounds: int, seconds: float) -> Cell:
     from aa_ray.runtime.replay import ReplayBuffer
 
     with tempfile.TemporaryDirectory(prefix="bench_rllib_") as folder:
-        spec = aa_ray_spec(Path(folder), cell)
+        spec = aa_ray_spec(Path(folder), cell, sizes.warm_up)
     ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=RUNTIME_ENV)
     try:
         replay = ray.remote(ReplayBuffer).options(num_cpus=0).remote(BUFFER, OBS_DIM, ACT_DIM, seed=cell.rep)
         learner = ray.remote(Learner).options(num_cpus=1).remote(spec, OBS_DIM, ACT_DIM)
         ray.get(replay.add.remote(random_transitions(20_000, OBS_DIM, ACT_DIM, seed=cell.rep)))
-        window = Window(SETTLE_ROUNDS, rounds, seconds)
+        window = sizes.window(cell)
         while window.last is None:
             ray.get(learner.update.remote([], replay.sample_for_learners.remote(ROUND, BATCH, 1)))
             window.stamp(cpu_by_kind)
@@ -267,7 +285,7 @@ class WindowFull(Exception):
     second has passed, and a window may end in the middle of one."""
 
 
-def rllib_run(cell: Cell, rounds: int, seconds: float) -> Cell:
+def rllib_run(cell: Cell, sizes: Sizes) -> Cell:
     """RLlib's SAC built on the cluster RAY_ADDRESS names, `train()` called until the window is full;
     its rounds stamped by wrapping `training_step`, its learner path by wrapping the replay buffer's
     `sample` and `LearnerGroup.update` (time inside them, counted once the window has started)."""
@@ -279,11 +297,10 @@ def rllib_run(cell: Cell, rounds: int, seconds: float) -> Cell:
     torch.set_num_threads(LEARNER_TORCH_THREADS)
     ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True, runtime_env=RUNTIME_ENV)
     algo = None
-    learning_rounds = math.ceil(WARM_UP / (cell.runners * cell.envs * ROUND)) if learn else 0
-    window = Window(learning_rounds + SETTLE_ROUNDS, rounds, seconds)
+    window = sizes.window(cell)
     learner_path = {"s": 0.0, "updates": 0}
     try:
-        algo = rllib_config(cell.runners, cell.envs, cell.step_s, WARM_UP if learn else NEVER).build_algo()
+        algo = rllib_config(cell.runners, cell.envs, cell.step_s, sizes.warm_up if learn else NEVER).build_algo()
         training_step = algo.training_step
         sample, update = algo.local_replay_buffer.sample, algo.learner_group.update
 
@@ -325,11 +342,11 @@ def rllib_run(cell: Cell, rounds: int, seconds: float) -> Cell:
 
 
 # ---- the sweep --------------------------------------------------------------------------------------------------
-def measure(cell: Cell, rounds: int, seconds: float) -> Cell:
+def measure(cell: Cell, sizes: Sizes) -> Cell:
     runs = {("aa-ray", "learn"): aa_ray_learn, ("aa-ray", "collect"): aa_ray_run, ("aa-ray", "loop"): aa_ray_run}
     run = runs.get((cell.side, cell.measure), rllib_run)
     try:
-        run(cell, rounds, seconds)
+        run(cell, sizes)
     except Exception as err:  # a failed cell is a result (the table says so)
         cell.status = f"failed: {type(err).__name__}: {str(err)[:300]}"
     cell.load_average = tuple(round(load, 2) for load in os.getloadavg())
@@ -415,8 +432,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, default=None, help="results (and the cells done, on a rerun)")
     add_smoke(parser)
     args = parser.parse_args(argv)
-    if args.smoke:  # every measure once, one runner, a free env step, short windows
-        args.runners, args.step_s, args.reps, args.rounds, args.seconds = [1], [0.0], 1, 2, 0.0
+    sizes = Sizes(args.rounds, args.seconds)
+    if args.smoke:  # every measure once, one runner, a free env step, one-round windows from the end of the
+        # first round (the warm-up's, in loop cells): a learning round of RLlib's (32 updates in the driver)
+        # costs seconds
+        args.runners, args.step_s, args.reps, args.rounds, args.seconds = [1], [0.0], 1, 1, 0.0
+        sizes = Sizes(args.rounds, args.seconds, settle=0, warm_up=ROUND)
     if args.json is not None:  # the caller's folder, not the repository's that the next line moves to
         args.json = args.json.resolve()
     os.chdir(REPO)  # scale_sim.yaml's env.py_modules is relative to the repository root
@@ -430,9 +451,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             for c in payload["cells"] if c["status"] == "ok"}
     todo = [cell for cell in planned(args) if cell.key() not in done]
     print(f"# {len(todo)} cells to run, {len(done)} done earlier", flush=True)
-    with simulated_cluster(1, cpus_per_node(max(args.runners), 1)):
+    with simulated_cluster(1, cpus_per_node(max(args.runners), 1), lean=args.smoke):
         for cell in todo:
-            measure(cell, args.rounds, args.seconds)
+            measure(cell, sizes)
             payload["cells"].append(asdict(cell))
             print(f"  rep {cell.rep + 1}/{args.reps}  {cell.measure:<7s} step {cell.step_s * 1e3:g} ms  "
                   f"{cell.runners} x {cell.envs}  {cell.side:<6s}  {cell.env_steps_per_s:9.1f} env steps/s  "

@@ -166,10 +166,13 @@ def main() -> None:
     args = parser.parse_args()
     settle_s = 5.0  # for the processes' memory to settle before a sample
     smoke_overrides: list[str] = []
-    if args.smoke:  # one runner, a replay that fills in seconds, a sample a second, learning from 300 steps
-        args.env_steps, args.buffer_size, args.runners, args.envs, args.interval = 900, 300, 1, 1, 1.0
+    if args.smoke:  # one runner, a replay that fills in seconds, learning from 300 steps with 32 x 32 nets
+        # (256 x 256 updates were a fifth of its CPU), two samples a second: samples past the fill and the
+        # checkpoint however fast the run
+        args.env_steps, args.buffer_size, args.runners, args.envs, args.interval = 900, 300, 1, 1, 0.5
         settle_s = 1.0
-        smoke_overrides = ["algo.warm_up_steps=300", "eval.episodes=2"]
+        smoke_overrides = ["algo.warm_up_steps=300", "eval.episodes=2",
+                           "algo.actor_hidden_dims=[32, 32]", "algo.critic_hidden_dims=[32, 32]"]
     info = machine_info()
     print_machine(info)
     print(f"# command: {command_line()}", flush=True)
@@ -187,9 +190,12 @@ def main() -> None:
     obs_dim = obs.full
     row_bytes = 4 * (2 * obs_dim + act_dim + 5)  # float32: obs, next_obs, action and 5 scalar fields
     replay_mb = spec.algo.buffer_size * row_bytes / MB
-    # started here, first, so the sampler can see it; Trainer.run's cluster.connect reuses it
-    ray.init(address="local", num_cpus=8, include_dashboard=True,
-             _system_config={"task_events_max_num_task_in_gcs": TASK_EVENTS_KEPT})  # as cluster.connect does
+    # started here, first, so the sampler can see it; Trainer.run's cluster.connect reuses it. The smoke cell
+    # also leaves out the idle workers Ray starts for the first driver, as cluster.connect does: a second of CPU
+    system_config = {"task_events_max_num_task_in_gcs": TASK_EVENTS_KEPT}  # as cluster.connect does
+    if args.smoke:
+        system_config["prestart_worker_first_driver"] = False
+    ray.init(address="local", num_cpus=8, include_dashboard=True, _system_config=system_config)
     address = ray.get_runtime_context().gcs_address
     job_id = ray.get_runtime_context().get_job_id()
     start = time.perf_counter()

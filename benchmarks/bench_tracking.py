@@ -48,8 +48,9 @@ def main() -> None:
     parser.add_argument("--warm-up", type=int, default=1000, help="random-action steps before learning")
     parser.add_argument("--verbose", action="store_true", help="show the Trainer's progress lines")
     args = parser.parse_args()
-    if args.smoke:  # the inline backend at a tiny budget: the script's path without a Ray start
-        args.reps, args.budget, args.warm_up = 1, 400, 200
+    if args.smoke:  # the inline backend at a tiny budget: the script's path without a Ray start; three
+        # learning iterations (16 env steps each) after the warm-up make the learning phase
+        args.reps, args.budget, args.warm_up = 1, 256, 200
     torch.set_num_threads(1)
     info = machine_info()
     print_machine(info)

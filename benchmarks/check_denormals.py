@@ -80,8 +80,8 @@ def main() -> None:
     add_smoke(parser)
     args = parser.parse_args()
     warm_up = 1000
-    if args.smoke:  # one report, a few hundred steps after a short warm-up
-        args.budget, warm_up = 400, 200
+    if args.smoke:  # one report, at the end of a short warm-up, then three learner calls
+        args.budget, warm_up = 256, 200
     torch.set_num_threads(1)
     if args.flush_denormal and not torch.set_flush_denormal(True):
         sys.exit("this CPU does not support flushing denormals")

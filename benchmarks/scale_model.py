@@ -56,6 +56,7 @@ import numpy as np
 
 GPU_UPDATE_S = 1.4e-3  # the gpu part's simulated update (bench_scale.py's LEANRL_H100_SAC_UPDATE_S)
 BOOTSTRAP_FITS = 300
+SMOKE_BOOTSTRAP_FITS = 10  # --smoke: each refit is a grid search, a tenth of a second apiece
 CORE_GRID = np.arange(0.5, 2.0001, 0.02)  # cores the simulated run got (the machine has 2)
 LATENCY_GRID = np.arange(0.0, 0.2001, 0.0025)  # s of fixed latency per iteration
 OVERSHOOT_GRID = np.arange(0.0, 1.0001e-3, 2e-5)  # s a sleeping env step takes beyond its set time
@@ -403,11 +404,12 @@ def cluster_predictions(model: Model, fits: Sequence[Model], check: Sequence[dic
     return rows
 
 
-def bootstrap_fits(fit_cells: Sequence[Cell], measured: Measured, seed: int = 0) -> list[tuple[Model, Baseline]]:
-    """The model and the baseline refitted to resamples (with replacement) of the FIT cells: how far
-    the fitted constants, and so the predictions, move with which cells happened to be measured."""
+def bootstrap_fits(fit_cells: Sequence[Cell], measured: Measured, count: int = BOOTSTRAP_FITS, seed: int = 0
+                   ) -> list[tuple[Model, Baseline]]:
+    """The model and the baseline refitted to `count` resamples (with replacement) of the FIT cells: how
+    far the fitted constants, and so the predictions, move with which cells happened to be measured."""
     rng = np.random.default_rng(seed)
-    resamples = ([fit_cells[i] for i in rng.integers(0, len(fit_cells), len(fit_cells))] for _ in range(BOOTSTRAP_FITS))
+    resamples = ([fit_cells[i] for i in rng.integers(0, len(fit_cells), len(fit_cells))] for _ in range(count))
     return [(fit_model(cells, measured), fit_baseline(cells, measured)) for cells in resamples]
 
 
@@ -446,7 +448,11 @@ def main() -> None:
     parser.add_argument("--gpu", type=Path, default=None,
                         help="the gpu part's JSON (default: after_gpu.json beside --ceiling)")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--smoke", action="store_true",
+                        help=f"{SMOKE_BOOTSTRAP_FITS} bootstrap refits, not {BOOTSTRAP_FITS}: the script's path, as CI "
+                             "runs it (tests/test_benchmarks_run.py); its ranges are not results")
     args = parser.parse_args()
+    bootstrap_count = SMOKE_BOOTSTRAP_FITS if args.smoke else BOOTSTRAP_FITS
     gpu = args.gpu or args.ceiling.parent / "after_gpu.json"
     cells = load_cells("ceiling", args.ceiling) + load_cells("efficiency", args.efficiency)
     if gpu.exists():
@@ -475,13 +481,13 @@ def main() -> None:
     terms_dominating = sorted({r["dominant_term"] for r in check_rows})
     print(f"terms that dominate at least one check cell: {', '.join(terms_dominating)}")
 
-    refits = bootstrap_fits(fit_cells, measured)
+    refits = bootstrap_fits(fit_cells, measured, bootstrap_count)
     fits = [fit for fit, _ in refits]
     scored = [residual_rows(check_cells, fit, rule) for fit, rule in refits]
     boot_medians = [median_abs(rows, "residual") for rows in scored]
     boot_baseline = [median_abs(rows, "baseline_residual") for rows in scored]
     model_wins = float(np.mean([a < b for a, b in zip(boot_medians, boot_baseline, strict=True)]))
-    print(f"check median |residual| over {BOOTSTRAP_FITS} bootstrap refits (5-95%): model "
+    print(f"check median |residual| over {bootstrap_count} bootstrap refits (5-95%): model "
           f"{np.percentile(boot_medians, 5):.0%}-{np.percentile(boot_medians, 95):.0%}, baseline "
           f"{np.percentile(boot_baseline, 5):.0%}-{np.percentile(boot_baseline, 95):.0%}; the model's is the lower in "
           f"{model_wins:.0%} of them")
