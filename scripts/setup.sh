@@ -24,10 +24,10 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/python -m pip install --quiet "$torch_req"
 fi
 
-# The rest through uv where it installs: it resolves and fetches the ~200 packages in parallel (pip
-# took 132 s on a 2-core machine without a download cache, uv 50 s: benchmarks/RESULTS.md section 33)
-# and keeps the torch above, which satisfies the requirement; --compile-bytecode writes the packages'
-# bytecode at install, as pip does. pip where uv does not install.
+# The rest through uv where it installs: it resolves and fetches the ~200 packages in parallel (a whole
+# `make test` setup without download caches on 2 cores, back to back: 204 s with pip, 89 s with uv;
+# benchmarks/RESULTS.md section 33) and keeps the torch above, which satisfies the requirement;
+# --compile-bytecode writes the packages' bytecode at install, as pip does. pip where uv does not install.
 installer=(.venv/bin/python -m pip install --quiet)
 if .venv/bin/python -m pip install --quiet uv 2>/dev/null; then
   installer=(.venv/bin/uv pip install --quiet --compile-bytecode --python .venv/bin/python)
