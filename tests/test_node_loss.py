@@ -102,6 +102,9 @@ def test_a_chunk_lost_after_its_runner_returned_it_is_dropped_and_the_others_are
     owner = Owner.remote()
     [lost] = ray.get(owner.chunk.remote())
     ray.kill(owner)
+    # ray.kill only asks: wait until the owner is gone (CI once saw the add take the object before it was)
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(owner.chunk.remote(), timeout=60)
     replay = ray.remote(ReplayBuffer).options(num_cpus=0).remote(100, 3, 2, seed=0)
     data = [ray.put(Transitions.empty(5, 3, 2)), lost, ray.put(Transitions.empty(11, 3, 2))]
     with pytest.raises(ObjectLost, match="an object it needed was lost"):
