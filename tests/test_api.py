@@ -43,9 +43,10 @@ def final_checkpoint(folder: Path) -> Path:
 
 
 def test_readme_example_trains_like_the_cli_and_eval_repeats_the_last_evaluation(tmp_path: Path) -> None:
-    """Same spec and overrides through the API (the README's code) and through `aa-ray run`: sync
-    mode is reproducible, so the two final policies act identically; `aa-ray eval` of the CLI's
-    checkpoint reports the distance of that run's last evaluation."""
+    """Same spec and overrides through the API (the README's code, on the embedded Ray) and through
+    `aa-ray run` (inline: it repeats a Ray sync run exactly, tests/test_inline_backend.py): sync mode is
+    reproducible, so the two final policies act identically; `aa-ray eval` of the CLI's checkpoint
+    reports the distance of that run's last evaluation."""
     api_dir, cli_dir = tmp_path / "api", tmp_path / "cli"
     for folder in (api_dir, cli_dir):
         folder.mkdir()
@@ -56,6 +57,7 @@ def test_readme_example_trains_like_the_cli_and_eval_repeats_the_last_evaluation
     assert example.returncode == 0, example.stderr[-3000:]
     overrides = re.search(r"Experiment\(\"specs/sac.yaml\", (\{.*?\})\)", readme_example(), re.S).group(1)
     settings = [f"{key}={value}" for key, value in ast.literal_eval(overrides).items()]  # the example's own
+    settings.append("runtime.backend=inline")
     run = subprocess.run([sys.executable, "-m", "aa_ray.cli", "run", "specs/sac.yaml", "--plain",
                           *[arg for s in settings for arg in ("--set", s)]],
                          cwd=cli_dir, capture_output=True, text=True, timeout=600, env=env)

@@ -83,10 +83,13 @@ def finished(stdout: str, output_dir: Path, tracking_uri: str | None = None) -> 
 @pytest.fixture(scope="module")
 def whole_run(tmp_path_factory: pytest.TempPathFactory) -> Finished:
     """The uninterrupted run (sync mode, seed 0) the interrupted ones must repeat, in a folder of its
-    own (its own MLflow store)."""
+    own (its own MLflow store). It runs inline: for a fixed seed the inline backend repeats a Ray sync
+    run exactly (tests/test_inline_backend.py), so the interrupted Ray runs must match it all the same,
+    without a Ray and four actor processes started for the reference."""
     folder = tmp_path_factory.mktemp("whole")
     tracking_uri = f"sqlite:///{folder}/mlflow.db"
-    whole = subprocess.run(aa_ray_command(*SETTINGS, "--set", f"runtime.output_dir={folder}"), capture_output=True,
+    inline = ["--set", "runtime.backend=inline", "--set", f"runtime.output_dir={folder}"]
+    whole = subprocess.run(aa_ray_command(*SETTINGS, *inline), capture_output=True,
                            text=True, timeout=600, cwd=folder, env={**os.environ, "MLFLOW_TRACKING_URI": tracking_uri})
     assert whole.returncode == 0, whole.stderr[-3000:]
     return finished(whole.stdout, folder, tracking_uri)
