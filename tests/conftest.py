@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -48,9 +50,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
 
 
+@pytest.fixture(scope="session")
+def migrated_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty MLflow SQLite store with MLflow's schema migrations applied, made once per worker in a
+    process of its own. A new store runs them all on first open: about 1 CPU-s in each test's
+    process or command that tracked; a user's store pays that once, at its first run."""
+    store = tmp_path_factory.mktemp("template") / "mlflow.db"
+    subprocess.run([sys.executable, "-c", "import sys; from mlflow.tracking import MlflowClient; "
+                    "MlflowClient(sys.argv[1]).search_experiments()", f"sqlite:///{store}"],
+                   check=True, capture_output=True, timeout=300)
+    return store
+
+
 @pytest.fixture(autouse=True)
-def isolated_workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def isolated_workdir(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The test's own folder and MLflow store: a copy of `migrated_store`, or for tests marked
+    `fresh_store` (first runs on a new machine, and tests that check no store is made) none yet."""
     monkeypatch.chdir(tmp_path)
+    if request.node.get_closest_marker("fresh_store") is None:
+        shutil.copyfile(request.getfixturevalue("migrated_store"), tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     return tmp_path

@@ -144,6 +144,7 @@ def test_an_experiment_of_a_validated_spec_keeps_its_values() -> None:
         Experiment(spec, {"env.kwargs": {"g": float("nan")}})
 
 
+@pytest.mark.fresh_store  # it checks what its folder holds
 def test_bad_input_gets_one_message_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     foreign = tmp_path / "foreign"
     foreign.mkdir()

@@ -110,6 +110,7 @@ def test_a_folder_of_files_is_one_dataset(tmp_path: Path) -> None:
     assert dataset.num_rows == 50 and len(dataset.read_all()[ds.REWARDS]) == 50
 
 
+@pytest.mark.fresh_store  # it checks that its folder is left empty
 def test_writer_refuses_arrays_that_do_not_match_the_metadata(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"column obs: expected shape \(10, 10\), got \(10, 9\)"):
         write_dataset(tmp_path / "d.parquet", fake_transitions(10, obs_dim=9), pusher_meta())

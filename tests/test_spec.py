@@ -168,6 +168,7 @@ def test_specs_are_frozen(tmp_path: Path) -> None:
         spec.algo.utd_ratio = 3
 
 
+@pytest.mark.fresh_store  # it checks that no MLflow store is made
 def test_cli_rejects_bad_spec_without_starting_ray(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     path = write(tmp_path, MINIMAL)
     code = main(["run", str(path), "--set", "algo.utd_ratio=-1"])

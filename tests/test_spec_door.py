@@ -64,6 +64,7 @@ def test_safe_run_names_pass(tmp_path: Path, name: str) -> None:
     assert load_spec(write(tmp_path, MINIMAL), [f"name={name}"]).name == name
 
 
+@pytest.mark.fresh_store  # it checks what its folder holds
 def test_the_cli_refuses_a_name_that_climbs_out_of_the_output_folder(tmp_path: Path) -> None:
     spec = write(tmp_path, MINIMAL)
     result = cli("run", str(spec), "--set", "name=../../escaped", "--set", "tracking.enabled=false", cwd=tmp_path)

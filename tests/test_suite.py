@@ -233,6 +233,7 @@ def test_a_resumed_runs_curve_is_its_newest_attempt() -> None:
         ({"unknown_section": 1}, "unknown_section"),
     ],
 )
+@pytest.mark.fresh_store  # it checks that no MLflow store is made
 def test_bad_suites_are_refused_before_anything_runs(tmp_path: Path, change: dict, expected: str,
                                                      capsys: pytest.CaptureFixture) -> None:
     suite_file = tiny_suite(tmp_path, **change)
@@ -243,6 +244,7 @@ def test_bad_suites_are_refused_before_anything_runs(tmp_path: Path, change: dic
     assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
 
 
+@pytest.mark.fresh_store  # it checks that no MLflow store is made
 def test_only_names_a_label_or_env_of_the_suite(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     suite_file = tiny_suite(tmp_path)
     assert cli.main(["suite", str(suite_file), "--only", "Walker2d-v5"]) == 2

@@ -171,6 +171,7 @@ def test_a_sweeps_trials_are_a_wandb_group_and_tensorboard_subfolders(
     assert not [path for path in root.rglob("*") if path.is_file() and api_key.encode() in path.read_bytes()]
 
 
+@pytest.mark.fresh_store  # it checks that no MLflow store is made
 def test_a_sweep_tracked_in_tensorboard_and_wandb_only(tmp_path: Path) -> None:
     """A real sweep (Tune, two trials, inline actors) with no MLflow backend: no parent run and no
     MLflow store; each trial's event files in its run folder inside the sweep's folder, and its W&B
@@ -195,6 +196,7 @@ def test_a_sweep_tracked_in_tensorboard_and_wandb_only(tmp_path: Path) -> None:
         assert any("eval/return" in row for row in attempt["history"])
 
 
+@pytest.mark.fresh_store  # it checks that no MLflow store is made
 def test_without_mlflow_a_trial_needs_no_parent_run(tmp_path: Path) -> None:
     spec = load_spec(PENDULUM, [*TINY, "tracking.backends=[tensorboard]"])
     tracking = trial_tracking(None, "sweep", "lr", "sweep-lr-1", "lr", {})

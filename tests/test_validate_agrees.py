@@ -104,6 +104,7 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
      "algo.sym_aug"),
     ("run", ["env.kwargs={g: .inf}"], "env.kwargs"),
 ])
+@pytest.mark.fresh_store  # it checks what its folder holds
 def test_the_cli_refuses_before_starting_anything(tmp_path: Path, command: str, overrides: list[str],
                                                   field: str) -> None:
     spec = write(tmp_path, MINIMAL)
