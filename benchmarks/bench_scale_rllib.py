@@ -433,10 +433,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     add_smoke(parser)
     args = parser.parse_args(argv)
     sizes = Sizes(args.rounds, args.seconds)
-    if args.smoke:  # every measure once, one runner, a free env step, one-round windows from the end of the
+    if args.smoke:  # each code path once, one runner, a free env step, one-round windows from the end of the
         # first round (the warm-up's, in loop cells): a learning round of RLlib's (32 updates in the driver)
-        # costs seconds
+        # costs seconds. No collect cells: they run the loop cells' functions with learning never started,
+        # and each RLlib cell builds an algorithm (about 15 CPU-s on 2 cores)
         args.runners, args.step_s, args.reps, args.rounds, args.seconds = [1], [0.0], 1, 1, 0.0
+        args.measures = [measure for measure in args.measures if measure != "collect"]
         sizes = Sizes(args.rounds, args.seconds, settle=0, warm_up=ROUND)
     if args.json is not None:  # the caller's folder, not the repository's that the next line moves to
         args.json = args.json.resolve()

@@ -27,10 +27,13 @@ from aa_ray.spec.loader import load_spec
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 # n-step windows and two runners of two envs each: every kind of runner state is mid-flight at a checkpoint
+# tracking.log_model false: nothing here reads the final policy's MLflow Model, and each is a torch.export
+# and MLflow's requirement scan, about 2 CPU-s per run's end (tests/test_mlflow_models.py checks models)
 SMALL = [
     "algo.actor_hidden_dims=[32,32]",
     "algo.critic_hidden_dims=[32,32]", "algo.batch_size=64", "algo.warm_up_steps=200", "algo.train_every=5",
     "algo.n_step=3", "runners.num_runners=2", "runners.envs_per_runner=2", "eval.episodes=2",
+    "tracking.log_model=false",
 ]
 TIMING = ("per_s", "time_s", "time/")  # wall-clock metrics differ between any two runs
 
