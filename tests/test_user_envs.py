@@ -148,6 +148,7 @@ def test_env_known_only_to_the_driver_fails_once_with_the_workers_own_error(proj
     (["env.mirror=myenvs.point:SUCCESS_RADIUS"], "is not a mirror"),
     (["algo.sym_aug=true", "env.id=Pendulum-v1"], "name yours by import path in env.mirror"),
 ])
+@pytest.mark.fresh_store  # it checks that no MLflow store is made
 def test_each_mistake_is_one_paragraph_before_ray_starts(project: Path, overrides: list[str], expected: str) -> None:
     spec = project / "spec.yaml"
     if not overrides:  # the package is not named anywhere: nothing imports it
