@@ -64,8 +64,9 @@ def migrated_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(autouse=True)
 def isolated_workdir(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The test's own folder and MLflow store: a copy of `migrated_store`, or for tests marked
-    `fresh_store` (first runs on a new machine, and tests that check no store is made) none yet."""
+    """The test's own folder and MLflow store: a copy of `migrated_store`, or none yet for tests
+    marked `fresh_store` (those that check that no store is made). Runs whose store is elsewhere,
+    such as the README command's in tests/test_run_and_tracking.py, still create theirs from nothing."""
     monkeypatch.chdir(tmp_path)
     if request.node.get_closest_marker("fresh_store") is None:
         shutil.copyfile(request.getfixturevalue("migrated_store"), tmp_path / "mlflow.db")
