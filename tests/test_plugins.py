@@ -64,8 +64,7 @@ def test_own_algorithm_trains_inline_resumes_on_ray_and_sweeps(project: Path) ->
         "name": "own_algo", "base": "spec.yaml", "metric": "eval/return", "mode": "max",
         # each trial's actors in its own process (a Ray worker, which imports the plugin from
         # env.py_modules as the resumed run's runners did), three fewer processes per trial to start
-        # tracking.log_model false: nothing here reads the final policy's MLflow Model, and each is a torch.export
-        # and MLflow's requirement scan, about 2 CPU-s per run's end (tests/test_mlflow_models.py checks models)
+        # no MLflow Model of the final policy: none is read here (benchmarks/RESULTS.md section 35)
         "set": {"budget.env_steps": 1000, "eval.every_env_steps": 1000, "algo.warm_up_steps": 300,
                 "runtime.backend": "inline", "tracking.log_model": False},
         "search_space": {"algo.alpha": {"grid": [0.02, 0.05]}}, "max_concurrent_trials": 2,

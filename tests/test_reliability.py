@@ -27,8 +27,7 @@ from aa_ray.spec.loader import load_spec
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 # n-step windows and two runners of two envs each: every kind of runner state is mid-flight at a checkpoint
-# tracking.log_model false: nothing here reads the final policy's MLflow Model, and each is a torch.export
-# and MLflow's requirement scan, about 2 CPU-s per run's end (tests/test_mlflow_models.py checks models)
+# no MLflow Model of the final policy: none is read here (benchmarks/RESULTS.md section 35)
 SMALL = [
     "algo.actor_hidden_dims=[32,32]",
     "algo.critic_hidden_dims=[32,32]", "algo.batch_size=64", "algo.warm_up_steps=200", "algo.train_every=5",

@@ -38,8 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PUSHER, PENDULUM = "aa_ray/PusherReach-v0", "Pendulum-v1"
 # each cell's actors in its trial's own process (as tests/test_sweep_resume.py's): three fewer processes
 # to start per cell on a busy machine; the Ray actors of a Tune trial are test_tune.py's pipeline's
-# tracking.log_model false: nothing here reads the final policy's MLflow Model, and each is a torch.export
-# and MLflow's requirement scan, about 2 CPU-s per run's end (tests/test_mlflow_models.py checks models)
+# no MLflow Model of the final policy: none is read here (benchmarks/RESULTS.md section 35)
 TINY = {"algo.actor_hidden_dims": [32, 32], "algo.critic_hidden_dims": [32, 32], "algo.batch_size": 64,
         "algo.warm_up_steps": 200, "algo.buffer_size": 5000, "checkpoint.every_env_steps": 300,
         "runtime.backend": "inline", "tracking.log_model": False}

@@ -19,8 +19,7 @@ from aa_ray.tune.trials import TRIAL_LOG
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 CHECKPOINT_EVERY = 300
 # each trial's actors in its own process (two fewer processes to start on a busy machine)
-# tracking.log_model false: nothing here reads the final policy's MLflow Model, and each is a torch.export
-# and MLflow's requirement scan, about 2 CPU-s per run's end (tests/test_mlflow_models.py checks models)
+# no MLflow Model of the final policy: none is read here (benchmarks/RESULTS.md section 35)
 TINY = {"algo.actor_hidden_dims": [32, 32], "algo.critic_hidden_dims": [32, 32], "algo.batch_size": 64,
         "algo.warm_up_steps": 200, "algo.buffer_size": 5000, "checkpoint.every_env_steps": CHECKPOINT_EVERY,
         "runtime.backend": "inline", "tracking.log_model": False}

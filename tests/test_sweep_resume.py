@@ -99,9 +99,7 @@ def test_a_sweep_loses_a_trial_then_is_stopped_by_sigterm_and_resumes_every_tria
         # the first checkpoint (400) comes before the first evaluation (500): its report still has the metric
         "set": {"algo.actor_hidden_dims": [32, 32], "algo.critic_hidden_dims": [32, 32], "algo.batch_size": 64,
                 "algo.warm_up_steps": 300, "eval.every_env_steps": 500, "eval.episodes": 2,
-                # tracking.log_model false: nothing here reads the final policy's MLflow Model, and each is a
-                # torch.export and MLflow's requirement scan, about 2 CPU-s per run's end
-                # (tests/test_mlflow_models.py checks models)
+                # no MLflow Model of the final policy: none is read here (benchmarks/RESULTS.md section 35)
                 "tracking.log_model": False,
                 "budget.env_steps": BUDGET, "checkpoint.every_env_steps": CHECKPOINT_EVERY,
                 # each trial's actors in its own process, so the kill takes the whole trial (the Ray

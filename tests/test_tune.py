@@ -24,8 +24,7 @@ from aa_ray.tune.session import error_paragraph
 from aa_ray.tune.specs import load_pipeline, load_sweep
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
-# tracking.log_model false: nothing here reads the final policy's MLflow Model, and each is a torch.export
-# and MLflow's requirement scan, about 2 CPU-s per run's end (tests/test_mlflow_models.py checks models)
+# no MLflow Model of the final policy: none is read here (benchmarks/RESULTS.md section 35)
 TINY_EVAL = {"eval.every_env_steps": 500, "eval.episodes": 2, "tracking.log_model": False}
 TINY_SAC = {"algo.actor_hidden_dims": [32, 32],
     "algo.critic_hidden_dims": [32, 32], "algo.batch_size": 64, "algo.warm_up_steps": 300, **TINY_EVAL}
