@@ -13,8 +13,9 @@ Parts (`--part timings|train|batched|all`, each runnable alone):
     this process (the best of square fp32 matmuls with TF32 off and bf16 ones). Each configuration
     gets a warm-up (compiling included, capped) and a fixed timed slice; eager rows run first, then
     compiled ones in priority order until the part's deadline, each in a child process of its own
-    on a GPU (a compile that crashes or hangs costs its row only). Host-to-device copies are timed,
-    as in training (the learner is handed numpy batches).
+    (a compile that crashes, hangs or is cut short by its cap costs its row only: torch's state
+    after an interrupted compile is undefined, so that process is not used again). Host-to-device
+    copies are timed, as in training (the learner is handed numpy batches).
 (b) train: a slice of `specs/sac_simba.yaml` at paper sizes on HalfCheetah-v5 with
     `runtime.backend=inline` (runners, replay and learner in this process, no Ray),
     `tracking.enabled=false` and the learner on the GPU, stopped at a wall-clock deadline (and by a
@@ -414,16 +415,11 @@ def dynamo_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def release(device: Any, compiled_here: bool) -> None:
-    """Drop the last config's learner, so the next starts with the device memory free, and the
-    graphs compiled in this process (dynamo would otherwise count every new learner's modules
-    against its recompile limit and fall back to eager past it)."""
+def release(device: Any) -> None:
+    """Drop the last config's learner, so the next starts with the device memory free."""
     import torch
 
     gc.collect()
-    if compiled_here:
-        with contextlib.suppress(Exception):
-            torch._dynamo.reset()
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
@@ -458,7 +454,7 @@ def run_timings(args: argparse.Namespace, clock: Clock, results: Results, deadli
                 spec = timing_spec(config, args.dry_run, args.matmul_precision)
                 flops[key] = flops_per_update(spec, replay.sample(1, config.batch))
             cap = max(1.0, min(args.compile_cap_s, left - args.timed_s))
-            if compiled and args.compile_in_child:
+            if compiled:
                 row = time_config_in_child(config, args, cap)
             else:
                 row = time_config(config, args, replay, device, cap)
@@ -467,7 +463,7 @@ def run_timings(args: argparse.Namespace, clock: Clock, results: Results, deadli
             row = asdict(config) | {"status": f"failed: {short_error(err)}"}
             traceback.print_exc()
         table.append(row)
-        release(device, compiled and not args.compile_in_child)
+        release(device)
         results.payload["elapsed_s"] = clock.elapsed()
         results.write()
         summary = (f"{row['updates_per_s']:,.1f} updates/s, {row['tflops']:.3g} TFLOP/s, "
@@ -715,8 +711,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--chunk", type=int, default=None, help="batches per learner.update call (default 8)")
     parser.add_argument("--compile-cap-s", type=float, default=None,
                         help="cap on one config's compile (default 75; dry run 4)")
-    parser.add_argument("--compile-in-child", action=argparse.BooleanOptionalAction, default=None,
-                        help="time each compiled config in a child process (default: on a GPU yes, dry run no)")
     parser.add_argument("--min-compile-s", type=float, default=None,
                         help="start a compiled config only with this much time left for compiling (default 20)")
     parser.add_argument("--train-s", type=float, default=None, help="the training slice's seconds (default 165)")
@@ -735,7 +729,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                 "timed_s": 0.3 if dry else 4.0, "chunk": 2 if dry else 8,
                 # a cold compile takes minutes on a small CPU: the dry run checks the path and the cap
                 "compile_cap_s": 4.0 if dry else 75.0,
-                "min_compile_s": 2.0 if dry else 20.0, "compile_in_child": not dry,
+                "min_compile_s": 2.0 if dry else 20.0,
                 "train_s": 20.0 if dry else 165.0,
                 "batched_envs": 64 if dry else 4096, "batched_batch": 64 if dry else 8192,
                 "batched_s": 1.0 if dry else 10.0}

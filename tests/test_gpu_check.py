@@ -31,6 +31,8 @@ def run_check(tmp_path: Path, *args: str, timeout: float = 120) -> dict[str, Any
 def test_timings_dry_run_gives_every_row(tmp_path: Path) -> None:
     # a 1 s compile cap: the dry run's 4 s lets no CPU compile finish either, and four rows wait on it
     result = run_check(tmp_path, "--part", "timings", "--compile-cap-s", "1")
+    # each compiled row came back from a child process of its own, timed or cut short by the
+    # child's own cap (a row the parent had to kill, or a child that crashed, fails below)
     assert result["status"] == "ok", result
     assert {"fp32_256", "bf16_256"} <= set(result["matmul_peak_tflops"])
     assert all(value > 0 for value in result["matmul_peak_tflops"].values())
@@ -41,8 +43,8 @@ def test_timings_dry_run_gives_every_row(tmp_path: Path) -> None:
     for row in rows:
         assert row["gflop_per_update"] > 0
         if row["compile"] == "on" and row["status"] != "ok":
-            # a cold compile takes minutes on a small CPU: the cap must cut it short
-            assert row["status"].startswith("compile timed out"), row
+            # a cold compile takes minutes on a small CPU: the child's cap must cut it short
+            assert row["status"].startswith("compile timed out (took more than"), row
             continue
         assert row["status"] == "ok", row
         assert row["updates_per_s"] > 0 and row["transitions_per_s"] == row["updates_per_s"] * 32
@@ -50,20 +52,6 @@ def test_timings_dry_run_gives_every_row(tmp_path: Path) -> None:
     # the same math whatever compile and precision do: one FLOP count per (algo, batch)
     for algo in ("sac", "sac_simba"):
         assert len({r["gflop_per_update"] for r in rows if r["algo"] == algo}) == 1
-
-
-def test_compiled_config_in_a_child_process(tmp_path: Path) -> None:
-    """On a GPU each compiled config runs in a child process (a compile that crashes or hangs costs
-    its row only); the dry run keeps them in-process for speed, so check the child path here: the
-    row comes back from the child, timed or cut short by the child's own compile cap."""
-    args = ("--part", "timings", "--algos", "sac", "--compile", "on", "--precisions", "fp32", "--compile-in-child",
-            "--compile-cap-s", "1")
-    (row,) = run_check(tmp_path, *args)["timings"]
-    assert (row["algo"], row["compile"], row["gflop_per_update"] > 0) == ("sac", "on", True), row
-    if row["status"] != "ok":  # the child's soft cap, not the parent's hard kill
-        assert row["status"].startswith("compile timed out (took more than"), row
-    else:
-        assert row["updates_per_s"] > 0 and row["tflops"] > 0
 
 
 def test_train_dry_run_trains_inline_until_the_deadline(tmp_path: Path) -> None:
