@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import ray
 from ray.util.placement_group import placement_group_table
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from aa_ray.records import ChunkStats, Transitions
 from aa_ray.runtime.fleet import Fleet
@@ -91,20 +92,19 @@ def nodes_of(trainer: Trainer, actors: list[Any]) -> list[str]:
 def test_a_chunk_lost_after_its_runner_returned_it_is_dropped_and_the_others_are_stored(cluster: Any) -> None:
     """A runner's chunk waits in its node's object store until the replay actor takes it; lost with
     the node, it fails the whole add before the add runs (ObjectLost). The fleet drops that chunk with
-    its stats and stores the others. (Here an object whose owner died stands in for one whose node
-    died: Ray raises an ObjectLostError for both.)"""
+    its stats and stores the others. The chunk is put by an actor on a node of its own, which is then
+    ended: its only copy goes with that node's object store. (A killed owner on a node that lives on
+    was not enough: its object's copy could outlive it there and the add found it, twice in CI.)"""
 
     @ray.remote(num_cpus=0)
     class Owner:
         def chunk(self) -> list[Any]:
-            return [ray.put(Transitions.empty(7, 3, 2))]  # owned by this actor: lost when it dies
+            return [ray.put(Transitions.empty(7, 3, 2))]
 
-    owner = Owner.remote()
+    doomed = add_worker(cluster)
+    owner = Owner.options(scheduling_strategy=NodeAffinitySchedulingStrategy(doomed.node_id, soft=False)).remote()
     [lost] = ray.get(owner.chunk.remote())
-    ray.kill(owner)
-    # ray.kill only asks: wait until the owner is gone (CI once saw the add take the object before it was)
-    with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(owner.chunk.remote(), timeout=60)
+    cluster.remove_node(doomed)
     replay = ray.remote(ReplayBuffer).options(num_cpus=0).remote(100, 3, 2, seed=0)
     data = [ray.put(Transitions.empty(5, 3, 2)), lost, ray.put(Transitions.empty(11, 3, 2))]
     with pytest.raises(ObjectLost, match="an object it needed was lost"):
