@@ -34,18 +34,19 @@ os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
 
 # Each of the two workers takes whole files from one queue, in this order (pyproject's addopts turn
 # off xdist's own, by tests per file, which put the files of one or two long learning runs last): a
-# long file started last keeps one core busy while the other has nothing left. The files over 20 s go
-# first, longest first as one CI run measured them (benchmarks/RESULTS.md section 36); the many short
-# files after them even out the end.
+# long file started last keeps one core busy while the other has nothing left. The long ones go first,
+# the in-process learning runs mostly between files whose work is in processes of their own; then the
+# files over 20 s that were left off until one of them started last (benchmarks/RESULTS.md section 36),
+# longest first; the many short files after them even out the end.
 LONG_FILES_FIRST = [
-    "test_benchmarks_run.py", "test_scale_out.py", "test_learning_sac_dist.py", "test_learning.py",
-    "test_learning_crossq_droq.py", "test_user_envs.py", "test_cluster.py", "test_learning_rlpd.py",
-    "test_reliability.py", "test_sweep_resume.py", "test_run_and_tracking.py", "test_plugins.py", "test_suite.py",
-    "test_api.py", "test_learning_fast_recipes.py", "test_tracking_outage.py", "test_tune.py",
-    "test_resume_edges.py", "test_playground.py", "test_suite_pipeline_resume.py", "test_observability.py",
-    "test_mlflow_ui.py", "test_node_loss.py", "test_replay_shards.py", "test_learning_td3.py", "test_gpu_check.py",
-    "test_scale_harness.py", "test_disks.py", "test_trackers.py", "test_bad_data.py", "test_datasets.py",
-    "test_inline_backend.py", "test_old_checkpoints.py",
+    "test_benchmarks_run.py", "test_scale_out.py", "test_learning_rlpd.py", "test_tune.py", "test_learning.py",
+    "test_suite.py", "test_learning_crossq_droq.py", "test_run_and_tracking.py", "test_cluster.py",
+    "test_plugins.py", "test_suite_pipeline_resume.py", "test_api.py", "test_learning_fast_recipes.py",
+    "test_learning_td3.py", "test_learning_ppo.py", "test_learning_sac_dist.py", "test_sweep_resume.py",
+    "test_observability.py", "test_reliability.py", "test_node_loss.py", "test_user_envs.py", "test_datasets.py",
+    "test_tracking_outage.py", "test_resume_edges.py", "test_playground.py", "test_mlflow_ui.py",
+    "test_replay_shards.py", "test_gpu_check.py", "test_scale_harness.py", "test_disks.py", "test_trackers.py",
+    "test_bad_data.py", "test_inline_backend.py", "test_old_checkpoints.py",
 ]
 
 
