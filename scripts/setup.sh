@@ -10,8 +10,17 @@ PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 
-# torch first, and through pip, so the package install below does not pull a multi-GB CUDA build on a
-# CPU-only machine (pip also takes a wheel the machine keeps on disk). TORCH_REQUIREMENT overrides the choice.
+# uv where it installs: it resolves and fetches the ~200 packages in parallel (a whole `make test`
+# setup without download caches on 2 cores, back to back: 204 s with pip, 89 s with uv;
+# benchmarks/RESULTS.md section 33); --compile-bytecode writes the packages' bytecode at install, as
+# pip does. pip where uv does not install.
+installer=(.venv/bin/python -m pip install --quiet)
+if .venv/bin/python -m pip install --quiet uv 2>/dev/null; then
+  installer=(.venv/bin/uv pip install --quiet --compile-bytecode --python .venv/bin/python)
+fi
+
+# torch first, so the package install below (which keeps it: it satisfies the requirement) does not
+# pull a multi-GB CUDA build on a CPU-only machine. TORCH_REQUIREMENT overrides the choice.
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   if [ -n "${TORCH_REQUIREMENT:-}" ]; then
     torch_req=$TORCH_REQUIREMENT
@@ -21,17 +30,24 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     torch_req="torch==2.13.0"  # the CPU build this project is developed and tested with
   fi
   echo "installing $torch_req"
-  .venv/bin/python -m pip install --quiet "$torch_req"
+  # The CPU wheel where pip's find-links keeps it on disk goes in by its path through uv (which does not
+  # read pip's settings): 11 s against pip's 19 s here (section 37). Anything else through pip, which
+  # looks there itself; uv would fetch a CUDA build from the index.
+  wheel=""
+  if [ "$torch_req" = "torch==2.13.0" ] && [ "${installer[0]}" = .venv/bin/uv ]; then
+    tag=$(.venv/bin/python -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
+    for dir in $(.venv/bin/python -m pip config get global.find-links 2>/dev/null) ${PIP_FIND_LINKS:-}; do
+      wheel=$(ls "$dir"/torch-2.13.0+cpu-"$tag"-"$tag"-*_"$(uname -m)".whl 2>/dev/null | head -n 1) || true
+      [ -z "$wheel" ] || break
+    done
+  fi
+  if [ -n "$wheel" ]; then
+    "${installer[@]}" "$wheel"
+  else
+    .venv/bin/python -m pip install --quiet "$torch_req"
+  fi
 fi
 
-# The rest through uv where it installs: it resolves and fetches the ~200 packages in parallel (a whole
-# `make test` setup without download caches on 2 cores, back to back: 204 s with pip, 89 s with uv;
-# benchmarks/RESULTS.md section 33) and keeps the torch above, which satisfies the requirement;
-# --compile-bytecode writes the packages' bytecode at install, as pip does. pip where uv does not install.
-installer=(.venv/bin/python -m pip install --quiet)
-if .venv/bin/python -m pip install --quiet uv 2>/dev/null; then
-  installer=(.venv/bin/uv pip install --quiet --compile-bytecode --python .venv/bin/python)
-fi
 for extras in "$@"; do
   "${installer[@]}" -e ".[$extras]"
 done
