@@ -504,11 +504,11 @@ def _tune_command(args: argparse.Namespace) -> int:
 def command() -> int:
     """The `aa-ray` program (its console script, and `python -m aa_ray.cli`): `main` on the command
     line's arguments, in a process of its own."""
-    # What the imports above built (torch's, pydantic's, Ray's objects: most of what the process will
-    # ever hold) lives as long as the process. Frozen, Python's full collections stop walking it again
-    # and again as a command imports and builds the rest: an inline 300-step tracked run took about 0.9
-    # CPU-s less (benchmarks/RESULTS.md section 38). Not in `main`: a caller's own process (a notebook,
-    # a test) would have its garbage of the moment frozen with it, never to be collected.
+    # What the imports above built (torch's and pydantic's objects: about 185,000 that the collector
+    # tracks) lives as long as the process. Frozen, Python's full collections stop walking it again and
+    # again while a command imports and builds the rest (Ray, MLflow, Tune): a tracked 300-step inline
+    # run took about 0.9 CPU-s less (benchmarks/RESULTS.md section 38). Not in `main`: in a caller's own
+    # process (a notebook, a test) it would freeze that process's garbage of the moment for good.
     gc.freeze()
     return main()
 
