@@ -234,14 +234,31 @@ class ActorGraph:
         self.actors.close()
 
     # ---- faults ----------------------------------------------------------------------------------
-    def replace_runner(self, index: int, reason: str) -> None:
-        """Replace runner `index` in its bundle with a new incarnation, queued for `take_restarts`
-        (after its node's bundles were re-placed, if its node was lost). TrainingError past
-        `runtime.max_runner_restarts` runner crashes. The chunk it was collecting is lost, the replay
-        buffer is not."""
-        lost = self.settle_lost_nodes([self.runners[index]])
+    def replace_runner(self, index: int, reason: str, failed: Any) -> None:
+        """Replace runner `index` (`failed`, the actor whose call failed) in its bundle with a new
+        incarnation, queued for `take_restarts`. If its node was lost, every runner that node held goes
+        with it, after the node's bundles were re-placed: an actor on a dead raylet's node can answer
+        for a while before it ends, and one found later (by a checkpoint's call, say) would otherwise
+        look like a lost learner. A failure of a runner already replaced that way is ignored.
+        TrainingError past `runtime.max_runner_restarts` runner crashes. The chunk it was collecting
+        is lost, the replay buffer is not."""
+        if self.runners[index] is not failed:
+            return
+        lost = self.settle_lost_nodes([failed])
+        if not lost:
+            self._restart_runner(index, reason, node=None)
+            return
+        on_lost_nodes = {name: loss.node_id for loss in lost for name in loss.actors}
+        for other in range(len(self.runners)):
+            node = on_lost_nodes.get(f"env runner {other}")
+            if other == index or node is not None:
+                self._restart_runner(other, reason if other == index else f"its node {node} was lost",
+                                     node=node or lost[0].node_id)
+
+    def _restart_runner(self, index: int, reason: str, node: str | None) -> None:
+        """A new incarnation of runner `index` in its bundle (`node`: the lost node the old one was on)."""
         self.runner_restarts += 1
-        self.runners_lost_with_nodes += bool(lost)
+        self.runners_lost_with_nodes += node is not None
         limit = self.spec.runtime.max_runner_restarts
         if self.runner_restarts - self.runners_lost_with_nodes > limit:
             raise TrainingError(
@@ -254,7 +271,6 @@ class ActorGraph:
             self.runners[index].set_weights.remote(*self.weights)
         if self.fleet is not None:
             self.call_fleet("replace", index, self.runners[index])
-        node = lost[0].node_id if lost else None
         self.unreported_restarts.append(RunnerRestart(index, reason, self.runner_restarts, node))
 
     def settle_lost_nodes(self, gone: list[Any]) -> list[NodeLoss]:
@@ -425,10 +441,11 @@ class ActorGraph:
         if self.spec.runtime.mode == "device":
             return get_results(self.learners[0].evaluate.remote(episodes))
         self.runners[0].set_weights.remote(*self.weights)  # async: it may still act with older weights
+        evaluator = self.runners[0]
         try:
-            return get_results(self.runners[0].evaluate.remote(episodes))
+            return get_results(evaluator.evaluate.remote(episodes))
         except ActorLost as lost:
-            self.replace_runner(0, str(lost))
+            self.replace_runner(0, str(lost), evaluator)
             return get_results(self.runners[0].evaluate.remote(episodes))
 
     def record_video(self, max_frames: int) -> tuple[bytes | None, str | None]:

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from aa_ray import metric_names as m
 from aa_ray.records import ChunkStats, EpisodeStats, LearnerReport
@@ -110,8 +110,9 @@ def _collect(graph: ActorGraph, fleet_ref: Any, it: Iteration) -> FleetChunks:
     """Wait for the fleet's iteration; replace the runners that failed. ActorLost if the replay actor
     was found gone (the trainer rebuilds the graph)."""
     chunks: FleetChunks = get_results(fleet_ref)
-    for index, failure in chunks.failures:
-        graph.replace_runner(index, failure)
+    failed = [(index, graph.runners[index], failure) for index, failure in chunks.failures]
+    for index, runner, failure in failed:  # a node's loss replaces all its runners at the first
+        graph.replace_runner(index, failure, runner)
     if chunks.replay_lost is not None:
         raise ActorLost(f"the replay actor: {chunks.replay_lost}")
     it.chunks += chunks.stats
@@ -158,6 +159,15 @@ class OnPolicyLoop:
         return it
 
 
+class ChunkInFlight(NamedTuple):
+    """A chunk the async loop asked a runner for."""
+
+    runner: int
+    actor: Any  # the runner that collects it (its index may hold a replacement by the time it lands)
+    transitions: Any  # ref of its data
+    version: int  # of the weights it acts with
+
+
 class AsyncLoop:
     def __init__(self, spec: ExperimentSpec, graph: ActorGraph, env_steps: int):
         self.spec, self.graph = spec, graph
@@ -169,7 +179,7 @@ class AsyncLoop:
         self.depth = min(2, spec.runtime.max_policy_lag)
         self.published = int(get_results(graph.weights[1]))
         self.runner_version = [self.published] * len(graph.runners)
-        self.chunks: dict[Any, tuple[int, Any, int]] = {}  # stats ref -> (runner, transitions ref, weights version)
+        self.chunks: dict[Any, ChunkInFlight] = {}  # by its stats ref
         self.updates: deque[tuple[list[Any], tuple[Any, Any]]] = deque()  # (update refs, weights refs)
         self.idle = set(range(len(graph.runners)))
         self.submitted = self.completed = 0
@@ -188,7 +198,7 @@ class AsyncLoop:
         if self.submitted * self.update_steps > self.env_steps - self.learn_start:  # UTD: wait for the data
             return False
         next_version = self.published + len(self.updates) + 1
-        oldest = min((version for _, _, version in self.chunks.values()), default=self.published)
+        oldest = min((chunk.version for chunk in self.chunks.values()), default=self.published)
         return next_version - oldest <= self.spec.runtime.max_policy_lag
 
     def _start_chunks(self) -> None:
@@ -203,7 +213,7 @@ class AsyncLoop:
             transitions, stats_ref = graph.runners[index].sample.options(num_returns=2).remote(
                 algo.train_every, random_actions
             )
-            self.chunks[stats_ref] = (index, transitions, self.published)
+            self.chunks[stats_ref] = ChunkInFlight(index, graph.runners[index], transitions, self.published)
             self.idle.discard(index)
 
     def step(self) -> Iteration:
@@ -236,11 +246,11 @@ class AsyncLoop:
 
     def _chunk_landed(self, stats_ref: Any, it: Iteration) -> bool:
         """Store a finished chunk; whether the iteration ends with it (before learning, or at the budget)."""
-        index, transitions, version = self.chunks.pop(stats_ref)
+        index, runner, transitions, version = self.chunks.pop(stats_ref)
         self.idle.add(index)
         stats, failure = get_or_failure(stats_ref)
         if failure is not None:
-            self.graph.replace_runner(index, failure)
+            self.graph.replace_runner(index, failure, runner)
             self.runner_version[index] = -1  # the replacement gets weights with its first chunk
             return False
         try:
