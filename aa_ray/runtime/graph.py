@@ -25,9 +25,9 @@ A lost node (its raylet ended: a spot preemption, a crash) is both at once for t
 Before replacing any, the graph waits for Ray's verdict on a gone actor (`RayActors.lost_nodes`:
 at first Ray only cannot reach it, until the GCS declares its node dead) and then for the
 placement group to have re-placed the lost node's bundles on the surviving nodes
-(`await_placement`), so the replacements start there; the loss is queued for the driver to tell
-(`take_node_losses`). Runners replaced because their node was lost do not count toward
-`runtime.max_runner_restarts` (that limit is for runners that crash).
+(`await_placement`), so the replacements start there, every runner the node held at once; the loss
+is queued for the driver to tell (`take_node_losses`). Runners replaced because their node was lost
+do not count toward `runtime.max_runner_restarts` (that limit is for runners that crash).
 Inline actors are neither replaced nor rebuilt: an exception in one ends the run.
 
 Replay shards (`runtime.replay_shards` > 1): several replay actors, each taking the chunks of its
