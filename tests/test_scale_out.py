@@ -20,7 +20,7 @@ from aa_ray.records import NormMoments, Transitions
 from aa_ray.runtime.checkpoint import load_checkpoint
 from aa_ray.runtime.cluster import ResourceError
 from aa_ray.runtime.learner import Learner
-from aa_ray.runtime.trainer import Trainer
+from aa_ray.runtime.trainer import IterationDone, Trainer
 from aa_ray.spec.loader import load_spec
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
@@ -203,6 +203,40 @@ def test_a_killed_env_runner_is_replaced_and_the_run_finishes(mode: str) -> None
     assert [e["event"] for e in events] == ["runner_restart"] and events[0]["runner"] == 1
     artifacts = {a.path for a in MlflowClient().list_artifacts(run_id)}
     assert "events.jsonl" in artifacts
+
+
+def test_a_runner_first_found_gone_by_a_checkpoint_is_replaced_not_the_graph(tmp_path: Path) -> None:
+    """A runner that dies between two iterations can be found gone first by a checkpoint's call for its
+    state (CI once saw that with a lost node: its actors answered for a while after their raylet
+    ended). It is replaced as the loops replace one, the checkpoint holds its replacement's state, and
+    the learner and replay go on: no graph rebuilt, nothing collected again."""
+    trainer = Trainer(spec(*SMALL_SAC, "algo.train_every=20", "runners.num_runners=2", "budget.env_steps=800"),
+                      run_dir=tmp_path / "run", live=False)
+    saved: list[Path] = []
+
+    def kill_runner_then_checkpoint(done: IterationDone) -> None:
+        if saved or done.env_steps < 400:
+            return
+        doomed = trainer.runners[1]
+        ray.kill(doomed)
+        deadline = time.monotonic() + 60
+        while True:  # gone before the checkpoint asks it (a kill lands a moment after ray.kill returns)
+            try:
+                ray.get(doomed.__ray_ready__.remote(), timeout=10)
+            except ray.exceptions.RayActorError:
+                break
+            assert time.monotonic() < deadline, "the killed runner still answers"
+            time.sleep(0.05)
+        saved.append(trainer.save_checkpoint("runner_killed"))
+        assert trainer.runners[1] is not doomed
+
+    trainer.on_iteration.append(kill_runner_then_checkpoint)
+    result = trainer.run()
+    assert saved and result.env_steps >= 800
+    assert (result.runner_restarts, result.graph_restarts) == (1, 0)
+    assert len(load_checkpoint(saved[0]).runners) == 2
+    events = [json.loads(line) for line in (Path(result.run_dir) / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["runner"]) for e in events] == [("runner_restart", 1)]
 
 
 def test_too_many_restarts_end_the_run_with_a_clear_error() -> None:

@@ -64,7 +64,7 @@ from aa_ray.runtime.fleet import Fleet
 from aa_ray.runtime.inline import InlineActors
 from aa_ray.runtime.learner import Learner
 from aa_ray.runtime.metrics import run_tag
-from aa_ray.runtime.remote import ActorLost, LearnerFailed, Ready, TrainingError, get_results
+from aa_ray.runtime.remote import ActorLost, LearnerFailed, Ready, TrainingError, get_each, get_results
 from aa_ray.runtime.replay import ReplayBuffer, join_shards, split_shards
 from aa_ray.runtime.runners import runner_class
 from aa_ray.spec.experiment import ExperimentSpec
@@ -338,7 +338,20 @@ class ActorGraph:
         states, tables = get_results(state_refs), get_results(table_refs)
         replay_state = {} if not states else states[0] if len(states) == 1 else {"shards": states}
         replay_table = join_shards(tables) if tables else None
-        return ActorsSnapshot(get_results(learner_ref), replay_state, get_results(runner_refs), replay_table)
+        return ActorsSnapshot(get_results(learner_ref), replay_state, self._runner_states(runner_refs), replay_table)
+
+    def _runner_states(self, refs: list[Any]) -> list[dict[str, Any]]:
+        """The runners' states from their `state` calls (`refs`). A runner found gone here is replaced
+        as the loops replace one (with the rest of its node's, if the node was lost), and the checkpoint
+        holds its replacement's state: a runner lost between two iterations costs its chunk, not the
+        graph."""
+        asked = list(self.runners)
+        outcomes = get_each(refs)
+        for index, (_, failure) in enumerate(outcomes):
+            if failure is not None:
+                self.replace_runner(index, failure, asked[index])
+        return [state if self.runners[index] is asked[index] else get_results(self.runners[index].state.remote())
+                for index, (state, _) in enumerate(outcomes)]
 
     def restore(self, checkpoint: Checkpoint, replay_table: Any) -> None:
         """Load a checkpoint's learner, replay and runner state into the actors."""
