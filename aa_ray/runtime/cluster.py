@@ -228,7 +228,7 @@ class RayActors:
         self.node_refs: dict[Any, Any] = {}  # actor -> ref of the id of the node it runs on (its own answer)
         self.bundles: dict[Any, int] = {}  # actor -> its bundle
         # one `ray.remote` class per plain class: Ray exports a new one to the cluster at its first start
-        # (about 40 ms of the driver's CPU each), a known one only once per session
+        # (25-50 ms of the driver's CPU, each time), a kept one once (benchmarks/RESULTS.md section 39)
         self.remote_classes: dict[type, Any] = {}
 
     def start(self, cls: type, *args: Any, bundle: int, num_cpus: float, num_gpus: float = 0.0,
