@@ -40,6 +40,7 @@ if os.environ.get("{VARIABLE}"):
     def _write():
         times = os.times()
         _record["cpu"] = times.user + times.system
+        _record["argv"] = sys.argv[:4]  # at start-up `python -m x` is still ["-m"]: runpy sets it later
         _record["xdist"] = os.environ.get("PYTEST_XDIST_WORKER", "")  # set in a worker once it has started
         try:
             with open(_path + ".tmp", "w") as out:
@@ -68,7 +69,7 @@ def kind_of(record: dict) -> str:
         return "Ray worker"
     if any(daemon in text for daemon in ("dashboard", "log_monitor", "monitor.py", "runtime_env", "agent")):
         return "Ray daemon"
-    if "aa_ray.cli" in text or (argv and Path(argv[0]).name == "aa-ray"):
+    if "aa_ray.cli" in text or "aa_ray/cli.py" in text or (argv and Path(argv[0]).name == "aa-ray"):  # -m: the path
         return "aa-ray command"
     if "benchmarks/" in text:
         return "benchmark"
