@@ -69,14 +69,6 @@ def submit(cluster: dict, working_dir: Path, *entrypoint: str, env_vars: dict | 
                           capture_output=True, text=True, timeout=600)
 
 
-def test_job_submit_runs_on_two_nodes_and_records_in_mlflow(two_nodes: dict, tmp_path: Path) -> None:
-    """The README's command, with a spec that needs more CPUs (3.5) than one node has (2): the
-    actors spread over both nodes, the job succeeds, and its run is in the store it was pointed at."""
-    run = run_job(two_nodes, tmp_path, "specs/sac_pendulum.yaml", "--set", "algo.actor_hidden_dims=[32,32]",
-                  "--set", "algo.critic_hidden_dims=[32,32]")
-    assert run.data.params["runners.num_runners"] == "2"
-
-
 def run_job(cluster: dict, tmp_path: Path, spec: str, *sets: str) -> Any:
     """`aa-ray run spec` with two runners and 1,200 env steps as a job from the repository root: its
     finished MLflow run."""
@@ -126,11 +118,14 @@ def test_a_stopped_job_checkpoints_and_its_resubmission_resumes_there(two_nodes:
     assert run.info.status == "FINISHED" and run.data.metrics["run/resumed_at"] == stopped_at
 
 
-def test_a_users_env_package_reaches_the_workers_of_both_nodes(two_nodes: dict, tmp_path: Path) -> None:
-    """The user's own env package (tests/user_envs/myenvs, not importable from the working dir's root)
-    named in the spec's env.py_modules: Ray ships it to the runners on both nodes, and the job trains."""
+def test_a_job_on_two_nodes_trains_the_users_env_package_and_records_in_mlflow(two_nodes: dict, tmp_path: Path) -> None:
+    """`aa-ray run` as a job, with a spec that needs more CPUs (3.5) than one node has (2): the actors
+    spread over both nodes, Ray ships the user's own env package (tests/user_envs/myenvs, named in
+    env.py_modules, not importable from the working dir's root) to the runners on both, the job
+    succeeds, and its run is in the store it was pointed at. (A built-in env's job: the stopped-job
+    test above, which also finishes its run.)"""
     run = run_job(two_nodes, tmp_path, "tests/user_envs/point_reach.yaml")
-    assert run.data.tags["env"] == "myenvs/PointReach-v0"
+    assert run.data.params["runners.num_runners"] == "2" and run.data.tags["env"] == "myenvs/PointReach-v0"
 
 
 def test_a_job_without_a_tracking_uri_fails_saying_how_to_fix_it(two_nodes: dict, tmp_path: Path) -> None:
