@@ -128,10 +128,10 @@ def check_two_gloo_learners_against_one(algo_file: str, ranks: list[Any]) -> Non
     assert any(not (untrained[k] == v).all() for k, v in single.algo.policy_state().items()), algo_file  # it trained
 
 
-@pytest.mark.usefixtures("local_ray")
 def test_the_rendezvous_listens_on_the_learner_node_address_only_on_a_port_it_holds() -> None:
     """Rank 0's store is bound to the address it is given (not every interface), on a port that
-    was never released between choosing and listening, so two rendezvous never collide."""
+    was never released between choosing and listening, so two rendezvous never collide. (Plain
+    Learners in this process: the store is torch's, no Ray is needed.)"""
     import psutil
 
     two = spec("learners.num_learners=2")
