@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from html import unescape as html_unescape
 from pathlib import Path
 
@@ -61,37 +62,7 @@ def scrape(port: int) -> str:
         return response.read().decode()
 
 
-def test_a_short_run_exposes_every_metric_on_rays_endpoint() -> None:
-    """An async SAC run (policy lag exists only there) on a local Ray whose metrics agent listens
-    on a known port; while it trains, the endpoint shows every aa-ray metric tagged with the run."""
-    spec = load_spec(ROOT / "specs" / "sac.yaml", [
-        "tracking.enabled=false", "checkpoint.save_replay=false", "runtime.mode=async", "budget.env_steps=4000",
-        "algo.actor_hidden_dims=[32,32]",
-        "algo.critic_hidden_dims=[32,32]", "algo.batch_size=64", "algo.warm_up_steps=300", "eval.every_env_steps=500",
-        "eval.episodes=2",
-    ])
-    port = free_port()
-    ray.init(address="local", num_cpus=4, include_dashboard=False, _metrics_export_port=port,
-             _system_config={"metrics_report_interval_ms": 1000})
-    seen: dict[str, str] = {}
-    run = threading.Thread(target=lambda: Trainer(spec, live=False).run(), daemon=True)
-    try:
-        run.start()
-        deadline = time.monotonic() + 240
-        while set(seen) != EXPORTED and time.monotonic() < deadline:
-            for line in scrape(port).splitlines():
-                match = re.match(r"(ray_aa_ray_[a-z_]+)\{(.*)\}", line)
-                if match:
-                    seen.setdefault(match.group(1), match.group(2))
-            time.sleep(1)
-        run.join(timeout=240)
-    finally:
-        ray.shutdown()
-    assert set(seen) == EXPORTED, f"never exposed: {EXPORTED - set(seen)}"
-    assert all(f'run="{run_tag(spec)}"' in tags for tags in seen.values())
-
-
-# before the tests that share the file's Ray (one_ray), whose idle daemons would slow this command
+# before the tests that share the file's Ray (ray_with_metrics), whose idle daemons would slow this command
 def test_without_a_gl_backend_videos_are_skipped_with_a_warning(tmp_path: Path) -> None:
     """No MUJOCO_GL and no display: rendering fails, the run says why once and trains on."""
     env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "DISPLAY")}
@@ -185,7 +156,51 @@ def test_eval_video_is_logged_to_mlflow() -> None:
         assert gif.format == "GIF" and gif.n_frames == 8 and gif.size == (480, 480)
 
 
-@pytest.mark.usefixtures("one_ray")
+@pytest.fixture(scope="module")
+def ray_with_metrics() -> Iterator[int]:
+    """The file's one Ray for its Ray runs, as `one_ray` (tests/conftest.py) but with its metrics
+    agent on a known port (yielded) reporting every second: one start-up, not one per test."""
+    port = free_port()
+    ray.init(address="local", num_cpus=4, include_dashboard=False, _metrics_export_port=port,
+             _system_config={"metrics_report_interval_ms": 1000})
+    yield port
+    ray.shutdown()
+
+
+# first on the file's Ray: a driver's gauges live in this process and stay exported, tagged with
+# their own run, for as long as the Ray does, and the first line of each metric seen is the one checked
+def test_a_short_run_exposes_every_metric_on_rays_endpoint(ray_with_metrics: int) -> None:
+    """An async SAC run (policy lag exists only there) on a local Ray whose metrics agent listens
+    on a known port; while it trains, the endpoint shows every aa-ray metric tagged with the run.
+    Once every one was seen the run has nothing left to show: it stops at its next report."""
+    spec = load_spec(ROOT / "specs" / "sac.yaml", [
+        "tracking.enabled=false", "checkpoint.save_replay=false", "runtime.mode=async", "budget.env_steps=4000",
+        "algo.actor_hidden_dims=[32,32]",
+        "algo.critic_hidden_dims=[32,32]", "algo.batch_size=64", "algo.warm_up_steps=300", "eval.every_env_steps=500",
+        "eval.episodes=2",
+    ])
+    seen: dict[str, str] = {}  # this thread's alone: the run hears only the event
+    all_seen = threading.Event()
+    trainer = Trainer(spec, live=False, reporter=lambda metrics, checkpoint: all_seen.is_set())
+    run = threading.Thread(target=trainer.run, daemon=True)
+    run.start()
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        for line in scrape(ray_with_metrics).splitlines():
+            match = re.match(r"(ray_aa_ray_[a-z_]+)\{(.*)\}", line)
+            if match:
+                seen.setdefault(match.group(1), match.group(2))
+        if set(seen) == EXPORTED:
+            all_seen.set()
+            break
+        time.sleep(1)
+    run.join(timeout=240)
+    assert set(seen) == EXPORTED, f"never exposed: {EXPORTED - set(seen)}"
+    assert all(f'run="{run_tag(spec)}"' in tags for tags in seen.values())
+    assert not run.is_alive(), "the run went on (on the Ray the next test shares)"
+
+
+@pytest.mark.usefixtures("ray_with_metrics")
 def test_phase_timings_are_logged_and_the_trace_opens_as_chrome_trace_json() -> None:
     """Every phase of a tracked Ray run has its time/<phase>_s metric in MLflow, and runtime.trace
     writes one Chrome-trace JSON artifact holding the driver's phases and Ray's actor calls."""

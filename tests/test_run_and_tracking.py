@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -26,63 +27,81 @@ SMALL_NETS = [arg for setting in ("algo.actor_hidden_dims=[64,64]", "algo.critic
                                   "algo.batch_size=64") for arg in ("--set", setting)]
 
 
-def aa_ray(*args: str) -> subprocess.CompletedProcess:
+def aa_ray(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "aa_ray.cli", *args], capture_output=True, text=True, timeout=600, env=os.environ.copy()
+        [sys.executable, "-m", "aa_ray.cli", *args], capture_output=True, text=True, timeout=600,
+        env={**os.environ, **(env or {})},
     )
 
 
+RAY_BIN = Path(sys.executable).parent / "ray"
+CLUSTER = "127.0.0.1:6391"
+TOKEN_AUTH = {"RAY_AUTH_MODE": "token"}
+JOINING = {**TOKEN_AUTH, "RAY_ADDRESS": CLUSTER}  # only for the commands given it: nothing leaves the module
+
+
 @pytest.fixture(scope="module")
-def short_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """One short Pendulum run through the CLI on Ray, then a resume (inline) that extends its budget."""
+def short_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """One short Pendulum run through the CLI on Ray, then a resume (inline) that extends its budget.
+    The run joins a `ray start` cluster (token authentication on) through RAY_ADDRESS, up until the
+    module ends for the tests that join it too; the CLI's own embedded Ray (the README's command) is
+    run to the end by tests/test_reliability.py and tests/test_resume_edges.py."""
     workdir = tmp_path_factory.mktemp("cli")
+    temp_dir = tempfile.mkdtemp(prefix="aa_ray_", dir="/tmp")  # short: Ray's socket paths live under it
     old, old_uri = os.getcwd(), os.environ.get("MLFLOW_TRACKING_URI")
-    os.chdir(workdir)
+    os.chdir(workdir)  # the cluster's too: its workers start in the run's folder, as an embedded Ray's do
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{workdir / 'mlflow.db'}"
     try:
-        first = aa_ray(
-            "run",
-            str(SPECS / "sac_pendulum.yaml"),
-            "--plain",
-            "--set",
-            "budget.env_steps=2000",
-            "--set",
-            "checkpoint.every_env_steps=1000",
-            *SMALL_NETS,
-        )
-        assert first.returncode == 0, first.stderr[-3000:]
-        run_dir = next((workdir / "runs").iterdir())
-        client = MlflowClient()
-        run = client.search_runs([client.get_experiment_by_name("aa-ray").experiment_id])[0]
-        first_history = [m.step for m in client.get_metric_history(run.info.run_id, "env/steps")]
-        second = aa_ray(
-            "run",
-            str(SPECS / "sac_pendulum.yaml"),
-            "--plain",
-            "--set",
-            "budget.env_steps=3000",
-            # inline (no Ray to start): what is checked of the resume is its place in MLflow
-            "--set",
-            "runtime.backend=inline",
-            "--resume",
-            str(run_dir / "checkpoints" / "final"),
-            *SMALL_NETS,
-        )
-        return {
+        try:
+            start = start_cluster(temp_dir)
+            assert start.returncode == 0, start.stderr[-2000:]
+            first = aa_ray(
+                "run",
+                str(SPECS / "sac_pendulum.yaml"),
+                "--plain",
+                "--set",
+                "budget.env_steps=2000",
+                "--set",
+                "checkpoint.every_env_steps=1000",
+                *SMALL_NETS,
+                env=JOINING,
+            )
+            assert first.returncode == 0, first.stderr[-3000:]
+            run_dir = next((workdir / "runs").iterdir())
+            client = MlflowClient()
+            run = client.search_runs([client.get_experiment_by_name("aa-ray").experiment_id])[0]
+            first_history = [m.step for m in client.get_metric_history(run.info.run_id, "env/steps")]
+            second = aa_ray(
+                "run",
+                str(SPECS / "sac_pendulum.yaml"),
+                "--plain",
+                "--set",
+                "budget.env_steps=3000",
+                # inline (no Ray to start): what is checked of the resume is its place in MLflow
+                "--set",
+                "runtime.backend=inline",
+                "--resume",
+                str(run_dir / "checkpoints" / "final"),
+                *SMALL_NETS,
+            )
+            uri = os.environ["MLFLOW_TRACKING_URI"]
+        finally:
+            os.chdir(old)
+            # a later module's tests (and the clusters they start) must not inherit this store
+            if old_uri is None:
+                os.environ.pop("MLFLOW_TRACKING_URI", None)
+            else:
+                os.environ["MLFLOW_TRACKING_URI"] = old_uri
+        yield {
             "first": first,
             "second": second,
             "run_dir": run_dir,
             "run_id": run.info.run_id,
             "first_history": first_history,
-            "uri": os.environ["MLFLOW_TRACKING_URI"],
+            "uri": uri,
         }
     finally:
-        os.chdir(old)
-        # a later module's tests (and the clusters they start) must not inherit this store
-        if old_uri is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = old_uri
+        stop_cluster(temp_dir)
 
 
 def test_cli_run_exits_zero_and_writes_checkpoints(short_run: dict) -> None:
@@ -140,26 +159,40 @@ def test_resume_with_a_different_algo_is_refused(short_run: dict) -> None:
     assert "algo.critic_hidden_dims" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.usefixtures("short_run")  # its cluster, of CPUs only
 def test_asking_for_a_gpu_the_cluster_lacks_fails_fast_naming_it() -> None:
-    result = aa_ray("run", str(SPECS / "sac_pendulum.yaml"), "--set", "learners.gpus_per_learner=1", "--no-track")
+    result = aa_ray("run", str(SPECS / "sac_pendulum.yaml"), "--set", "learners.gpus_per_learner=1", "--no-track",
+                    env=JOINING)
     assert result.returncode == 1
     assert "needs 1 GPU" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_ray_address_joins_an_existing_cluster(tmp_path: Path) -> None:
+def test_ray_address_joins_an_existing_cluster(short_run: dict) -> None:
     """With RAY_ADDRESS set the run joins that cluster (token authentication on) instead of
     starting its own, and leaves the cluster running."""
-    ray_bin = Path(sys.executable).parent / "ray"
-    env = {**os.environ, "RAY_AUTH_MODE": "token"}
-    port = "6391"
-    temp_dir = tempfile.mkdtemp(prefix="aa_ray_", dir="/tmp")  # short: Ray's socket paths live under it
-    start = subprocess.run(
+    first = short_run["first"]
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert CLUSTER in first.stderr  # connected to the existing cluster
+    assert "Started a local Ray" not in first.stdout + first.stderr
+    status = subprocess.run(
+        [str(RAY_BIN), "status", "--address", CLUSTER],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **TOKEN_AUTH},
+        timeout=60,
+    )
+    assert status.returncode == 0  # still up after the run
+
+
+def start_cluster(temp_dir: str) -> subprocess.CompletedProcess:
+    """A `ray start` head of 4 CPUs on CLUSTER's port, in the current folder and environment."""
+    return subprocess.run(
         [
-            str(ray_bin),
+            str(RAY_BIN),
             "start",
             "--head",
             "--port",
-            port,
+            CLUSTER.rsplit(":", 1)[1],
             "--num-cpus",
             "4",
             "--include-dashboard=false",
@@ -168,41 +201,9 @@ def test_ray_address_joins_an_existing_cluster(tmp_path: Path) -> None:
         ],
         capture_output=True,
         text=True,
-        env=env,
+        env={**os.environ, **TOKEN_AUTH},
         timeout=120,
     )
-    assert start.returncode == 0, start.stderr[-2000:]
-    try:
-        run = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "aa_ray.cli",
-                "run",
-                str(SPECS / "sac_pendulum.yaml"),
-                "--no-track",
-                "--plain",
-                "--set",
-                "budget.env_steps=1200",
-                *SMALL_NETS,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env={**env, "RAY_ADDRESS": f"127.0.0.1:{port}"},
-        )
-        assert run.returncode == 0, run.stderr[-3000:]
-        assert f"127.0.0.1:{port}" in run.stderr  # connected to the existing cluster
-        status = subprocess.run(
-            [str(ray_bin), "status", "--address", f"127.0.0.1:{port}"],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-        )
-        assert status.returncode == 0  # still up after the run
-    finally:
-        stop_cluster(temp_dir)
 
 
 def stop_cluster(temp_dir: str) -> None:
