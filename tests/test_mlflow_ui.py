@@ -88,13 +88,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving_ui(tmp_path: Path) -> Iterator[str]:
-    """`mlflow ui` on loopback over the test's SQLite store; yields its base URL."""
+def serving_ui(folder: Path, store_uri: str) -> Iterator[str]:
+    """`mlflow ui` on loopback over a SQLite store; yields its base URL."""
     port = free_port()
     server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "mlflow"), "ui", "--backend-store-uri", os.environ["MLFLOW_TRACKING_URI"],
+        [str(Path(sys.executable).parent / "mlflow"), "ui", "--backend-store-uri", store_uri,
          "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],  # one browser: one worker
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=folder,
     )
     try:
         deadline = time.monotonic() + 120
@@ -117,16 +117,38 @@ def served(link: str, base: str) -> str:
     return link.replace("http://127.0.0.1:5000", base)
 
 
+@pytest.fixture(scope="module")
+def ui_server(tmp_path_factory: pytest.TempPathFactory, migrated_store: Path) -> Iterator[tuple[str, str]]:
+    """One `mlflow ui` for the file's UI checks (a start costs seconds of CPU on 2 cores), over a
+    store of its own: (its URI, the UI's base URL). Each check records into an experiment no other
+    one uses, so neither sees, nor depends on, what the other recorded, in whichever order they run."""
+    need_chromium()  # nothing to serve to
+    folder = tmp_path_factory.mktemp("ui")
+    shutil.copyfile(migrated_store, folder / "mlflow.db")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    with serving_ui(folder, uri) as base:
+        yield uri, base
+
+
 @pytest.fixture
-def mlflow_ui(tmp_path: Path):
-    """The page of one finished run, as `aa-ray run` prints its link."""
-    spec = load_spec(ROOT / "specs" / "sac.yaml")
+def ui_store(ui_server: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> str:
+    """The test records into the served store (as into its own, through MLFLOW_TRACKING_URI); the
+    UI's base URL."""
+    uri, base = ui_server
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return base
+
+
+@pytest.fixture
+def mlflow_ui(ui_store: str) -> str:
+    """The page of one finished run, as `aa-ray run` prints its link. Its experiment is not the
+    sweep's: that test checks the experiment its sweep parent creates."""
+    spec = load_spec(ROOT / "specs" / "sac.yaml", ["tracking.experiment=run-page"])
     tracker = MlflowTracker(spec)
     for step in (1000, 2000):
         tracker.log_metrics({key: value * step / 2000 for key, value in METRICS.items()}, step)
     tracker.finish("FINISHED")
-    with serving_ui(tmp_path) as base:
-        yield served(tracker.url, base)
+    return served(tracker.url, ui_store)
 
 
 def chromium(*args: str) -> subprocess.CompletedProcess:
@@ -159,7 +181,7 @@ def test_mlflow_ui_shows_the_runs_metrics(mlflow_ui: str) -> None:
     assert shot.returncode == 0 and screenshot.stat().st_size > 10_000, shot.stderr[-2000:]
 
 
-def test_a_sweeps_children_compare_side_by_side_in_the_model_training_view(tmp_path: Path) -> None:
+def test_a_sweeps_children_compare_side_by_side_in_the_model_training_view(ui_store: str) -> None:
     """Two children of a sweep parent, recorded as sweep trials record themselves. The experiment
     opens in the model-training view (MLflow 3's default is its GenAI view); the compare link that
     a sweep prints shows both runs' params side by side, and its metric link draws one line per run."""
@@ -177,22 +199,22 @@ def test_a_sweeps_children_compare_side_by_side_in_the_model_training_view(tmp_p
     experiment = parent.client.get_experiment(parent.experiment_id)
     assert experiment.tags[EXPERIMENT_KIND_TAG] == MODEL_TRAINING
 
-    with serving_ui(tmp_path) as base:
-        experiment_page = served(experiment_link(parent.uri, parent.experiment_id), base)
-        training_view, genai_view = (chromium("--dump-dom", url) for url in (experiment_page,
-                                                                              experiment_page.split("?")[0]))
-        assert "sweep:utd" in training_view.stdout and "Evaluation runs" not in training_view.stdout
-        assert "Evaluation runs" in genai_view.stdout  # without the link's view parameter: why it has one
+    base = ui_store
+    experiment_page = served(experiment_link(parent.uri, parent.experiment_id), base)
+    training_view, genai_view = (chromium("--dump-dom", url) for url in (experiment_page,
+                                                                          experiment_page.split("?")[0]))
+    assert "sweep:utd" in training_view.stdout and "Evaluation runs" not in training_view.stdout
+    assert "Evaluation runs" in genai_view.stdout  # without the link's view parameter: why it has one
 
-        compare = chromium("--dump-dom", served(compare_link(parent.uri, parent.experiment_id, children), base))
-        assert compare.returncode == 0, compare.stderr[-2000:]
-        for text in ("utd_ratio=1", "utd_ratio=2", "algo.critic_lr", "0.0003", "0.001", "algo.utd_ratio"):
-            assert text in compare.stdout, f"the compare view does not show {text!r}"
-        metric_href = re.search(r'href="(#/metric\?[^"]*eval%2Freturn[^"]*)"', compare.stdout)
-        assert metric_href, "the compare view links no eval/return chart"
-        chart = chromium("--dump-dom", f"{base}/{html.unescape(metric_href.group(1))}")
-        lines = re.findall(r"utd_ratio=\d \(eval/return\)", chart.stdout)  # the chart's legend
-        assert sorted(lines) == ["utd_ratio=1 (eval/return)", "utd_ratio=2 (eval/return)"], lines
-        ARTIFACTS.mkdir(exist_ok=True)
-        chromium(f"--screenshot={ARTIFACTS / 'mlflow_compare.png'}", served(
-            compare_link(parent.uri, parent.experiment_id, children), base))
+    compare = chromium("--dump-dom", served(compare_link(parent.uri, parent.experiment_id, children), base))
+    assert compare.returncode == 0, compare.stderr[-2000:]
+    for text in ("utd_ratio=1", "utd_ratio=2", "algo.critic_lr", "0.0003", "0.001", "algo.utd_ratio"):
+        assert text in compare.stdout, f"the compare view does not show {text!r}"
+    metric_href = re.search(r'href="(#/metric\?[^"]*eval%2Freturn[^"]*)"', compare.stdout)
+    assert metric_href, "the compare view links no eval/return chart"
+    chart = chromium("--dump-dom", f"{base}/{html.unescape(metric_href.group(1))}")
+    lines = re.findall(r"utd_ratio=\d \(eval/return\)", chart.stdout)  # the chart's legend
+    assert sorted(lines) == ["utd_ratio=1 (eval/return)", "utd_ratio=2 (eval/return)"], lines
+    ARTIFACTS.mkdir(exist_ok=True)
+    chromium(f"--screenshot={ARTIFACTS / 'mlflow_compare.png'}", served(
+        compare_link(parent.uri, parent.experiment_id, children), base))

@@ -82,6 +82,15 @@ class TrackingServer:
                 assert time.monotonic() < deadline, "mlflow server did not come up"
                 time.sleep(0.3)
 
+    def answers(self) -> bool:
+        if self.process is None or self.process.poll() is not None:
+            return False
+        try:
+            urllib.request.urlopen(f"{self.plain_uri}/health", timeout=5)
+            return True
+        except OSError:
+            return False
+
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)  # its own session: the server and its workers
@@ -89,14 +98,26 @@ class TrackingServer:
         self.process = None
 
 
-@pytest.fixture
-def tracking_server(tmp_path: Path) -> Iterator[TrackingServer]:
-    server = TrackingServer(tmp_path / "server")
+@pytest.fixture(scope="module")
+def module_tracking_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrackingServer]:
+    """One server for the file: a start is 8-9 s of CPU on 2 cores. The tests share its store, each
+    in an experiment of its own and reading back only its own run."""
+    server = TrackingServer(tmp_path_factory.mktemp("server"))
     server.start()
     try:
         yield server
     finally:
         server.kill()
+
+
+@pytest.fixture
+def tracking_server(module_tracking_server: TrackingServer) -> TrackingServer:
+    """The file's server, answering: a test that took it away and failed before bringing it back
+    leaves it down, and the next test must not inherit that outage."""
+    if not module_tracking_server.answers():
+        module_tracking_server.kill()
+        module_tracking_server.start()
+    return module_tracking_server
 
 
 def aa_ray_run(uri: str, *settings: str) -> subprocess.Popen:
