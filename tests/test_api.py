@@ -9,11 +9,13 @@ and ppo. Bad input fails with one message and writes nothing."""
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -42,7 +44,8 @@ def final_checkpoint(folder: Path) -> Path:
     return checkpoint
 
 
-def test_readme_example_trains_like_the_cli_and_eval_repeats_the_last_evaluation(tmp_path: Path) -> None:
+def test_readme_example_trains_like_the_cli_and_eval_repeats_the_last_evaluation(
+        tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """Same spec and overrides through the API (the README's code, on the embedded Ray) and through
     `aa-ray run` (inline: it repeats a Ray sync run exactly, tests/test_inline_backend.py): sync mode is
     reproducible, so the two final policies act identically; `aa-ray eval` of the CLI's checkpoint
@@ -73,44 +76,85 @@ def test_readme_example_trains_like_the_cli_and_eval_repeats_the_last_evaluation
     client = MlflowClient(f"sqlite:///{cli_dir / 'mlflow.db'}")
     (tracked,) = client.search_runs([client.get_experiment_by_name("aa-ray").experiment_id])
     history = sorted(client.get_metric_history(tracked.info.run_id, "eval/distance"), key=lambda p: p.step)
-    evaluated = subprocess.run([sys.executable, "-m", "aa_ray.cli", "eval", str(final_checkpoint(cli_dir))],
-                               cwd=cli_dir, capture_output=True, text=True, timeout=300, env=env)
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    shown = float(re.search(r"eval/distance (\S+)", evaluated.stdout).group(1))
-    assert shown == pytest.approx(history[-1].value, rel=1e-3), evaluated.stdout
+    # in this process: eval reads only the checkpoint (no store), and `python -m aa_ray.cli` ran above
+    monkeypatch.chdir(cli_dir)
+    capsys.readouterr()
+    assert cli.main(["eval", str(final_checkpoint(cli_dir))]) == 0, capsys.readouterr().err[-3000:]
+    printed = capsys.readouterr().out
+    shown = float(re.search(r"eval/distance (\S+)", printed).group(1))
+    assert shown == pytest.approx(history[-1].value, rel=1e-3), printed
 
 
-@pytest.mark.parametrize("spec_file", ["sac.yaml", "sac_simba.yaml", "td3.yaml", "ppo.yaml"])
-def test_export_round_trips_through_torchscript_and_onnx_without_aa_ray(spec_file: str, tmp_path: Path) -> None:
+EXPORT_SPECS = ["sac.yaml", "sac_simba.yaml", "td3.yaml", "ppo.yaml"]
+# One interpreter in which aa_ray cannot be imported loads every exported file (torch and onnxruntime
+# start once, not once per spec); a file that fails to load leaves its traceback, so only its spec's
+# test fails.
+LOADER = """
+import sys; sys.modules["aa_ray"] = None
+import json, traceback
+import numpy as np, onnxruntime, torch
+for folder in json.loads(sys.argv[1]):
+    obs = np.load(f"{folder}/obs.npy")
+    for fmt, act in (("torchscript", lambda path: torch.jit.load(path)(torch.from_numpy(obs)).numpy()),
+                     ("onnx", lambda path: onnxruntime.InferenceSession(path).run(None, {"obs": obs})[0])):
+        try:
+            np.save(f"{folder}/{fmt}.npy", act(f"{folder}/policy.{fmt}"))
+        except Exception:
+            with open(f"{folder}/{fmt}.error", "w") as error:
+                error.write(traceback.format_exc())
+"""
+
+
+def train_and_export(spec_file: str, folder: Path) -> tuple[Any, np.ndarray, Path]:
+    """A short run of the spec with a normalizer, its checkpoint exported in both formats to
+    `folder`, and the observations the files will act on."""
     short = {"algo.train_every": 16} if spec_file == "ppo.yaml" else {"algo.warm_up_steps": 100}  # ppo: 16 x 16 envs
-    overrides = {**INLINE, **short, "runtime.output_dir": str(tmp_path / "runs"), "budget.env_steps": 400,
+    overrides = {**INLINE, **short, "runtime.output_dir": str(folder / "runs"), "budget.env_steps": 400,
                  "checkpoint.every_env_steps": None, "algo.normalize_obs": True}
     checkpoint = Experiment(SPECS / spec_file, overrides).fit(progress="plain").checkpoint
+    for fmt in ("torchscript", "onnx"):
+        assert cli.main(["export", str(checkpoint), "--format", fmt, "--out", str(folder / f"policy.{fmt}")]) == 0
     policy = load_policy(checkpoint)
-    assert float(policy.network.obs_norm.count) > 0  # a trained normalizer, which the files must carry
-    files = {fmt: tmp_path / f"policy.{fmt}" for fmt in ("torchscript", "onnx")}
-    for fmt, out in files.items():
-        assert cli.main(["export", str(checkpoint), "--format", fmt, "--out", str(out)]) == 0
-
     obs = np.random.default_rng(1).normal(size=(32, policy.obs_dim)).astype(np.float32) * 3
-    np.save(tmp_path / "obs.npy", obs)
-    # a fresh interpreter in which aa_ray cannot be imported loads both files
-    script = f"""
-import sys; sys.modules["aa_ray"] = None
-import numpy as np, onnxruntime, torch
-obs = np.load({str(tmp_path / 'obs.npy')!r})
-np.save({str(tmp_path / 'ts.npy')!r}, torch.jit.load({str(files['torchscript'])!r})(torch.from_numpy(obs)).numpy())
-session = onnxruntime.InferenceSession({str(files['onnx'])!r})
-np.save({str(tmp_path / 'onnx.npy')!r}, session.run(None, {{"obs": obs}})[0])
-"""
-    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    np.save(folder / "obs.npy", obs)
+    return policy, obs, folder
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Any, np.ndarray, Path]]:
+    """Per spec: its trained policy, the observations, and the folder where the loader left what
+    the TorchScript and ONNX files of the policy made of them."""
+    root = tmp_path_factory.mktemp("export")
+    made = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)  # module fixtures run before each test's own folder is made current
+        for spec_file in EXPORT_SPECS:
+            try:
+                made[spec_file] = train_and_export(spec_file, root / Path(spec_file).stem)
+            except Exception as err:
+                err.add_note(f"(training and exporting {spec_file})")
+                raise
+        folders = json.dumps([str(folder) for _, _, folder in made.values()])
+        loaded = subprocess.run([sys.executable, "-c", LOADER, folders], capture_output=True, text=True, timeout=300)
     assert loaded.returncode == 0, loaded.stderr[-3000:]
+    return made
+
+
+@pytest.mark.parametrize("spec_file", EXPORT_SPECS)
+def test_export_round_trips_through_torchscript_and_onnx_without_aa_ray(
+        spec_file: str, exported: dict[str, tuple[Any, np.ndarray, Path]]) -> None:
+    """`aa-ray export` of a policy trained with a normalizer: both files, loaded where aa_ray cannot
+    be imported, act on the observations as the checkpoint's policy does, within the action bounds."""
+    policy, obs, folder = exported[spec_file]
+    assert float(policy.network.obs_norm.count) > 0  # a trained normalizer, which the files must carry
     expected = policy.predict(obs)
-    for name in ("ts", "onnx"):
-        np.testing.assert_allclose(np.load(tmp_path / f"{name}.npy"), expected, atol=1e-5)
+    for fmt in ("torchscript", "onnx"):
+        error = folder / f"{fmt}.error"
+        assert not error.exists(), f"{spec_file} {fmt}:\n{error.read_text()[-3000:]}"
+        np.testing.assert_allclose(np.load(folder / f"{fmt}.npy"), expected, atol=1e-5, err_msg=f"{spec_file} {fmt}")
     low, high = policy.bounded.low.numpy(), policy.bounded.high.numpy()
-    assert np.all(expected >= low - 1e-6) and np.all(expected <= high + 1e-6)
-    assert not np.allclose(expected, expected[0])  # it acts on the observations, not a constant
+    assert np.all(expected >= low - 1e-6) and np.all(expected <= high + 1e-6), spec_file
+    assert not np.allclose(expected, expected[0]), spec_file  # it acts on the observations, not a constant
 
 
 def test_a_callback_sees_each_report_and_can_stop_the_run(tmp_path: Path) -> None:
