@@ -48,11 +48,12 @@ def short_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     run to the end by tests/test_reliability.py and tests/test_resume_edges.py."""
     workdir = tmp_path_factory.mktemp("cli")
     temp_dir = tempfile.mkdtemp(prefix="aa_ray_", dir="/tmp")  # short: Ray's socket paths live under it
-    old, old_uri = os.getcwd(), os.environ.get("MLFLOW_TRACKING_URI")
-    os.chdir(workdir)  # the cluster's too: its workers start in the run's folder, as an embedded Ray's do
-    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{workdir / 'mlflow.db'}"
     try:
-        try:
+        # undone when the runs end: a later module's tests (and the clusters they start) must not
+        # inherit this folder or this store
+        with pytest.MonkeyPatch.context() as patch:
+            patch.chdir(workdir)  # the cluster's too: its workers start in the run's folder, as an embedded Ray's do
+            patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{workdir / 'mlflow.db'}")
             start = start_cluster(temp_dir)
             assert start.returncode == 0, start.stderr[-2000:]
             first = aa_ray(
@@ -85,13 +86,6 @@ def short_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
                 *SMALL_NETS,
             )
             uri = os.environ["MLFLOW_TRACKING_URI"]
-        finally:
-            os.chdir(old)
-            # a later module's tests (and the clusters they start) must not inherit this store
-            if old_uri is None:
-                os.environ.pop("MLFLOW_TRACKING_URI", None)
-            else:
-                os.environ["MLFLOW_TRACKING_URI"] = old_uri
         yield {
             "first": first,
             "second": second,
