@@ -423,7 +423,9 @@ def part_replay(args: argparse.Namespace, results: Results) -> None:
 
 def part_runner(args: argparse.Namespace, results: Results) -> None:
     """One env runner in this process, zero-cost env: its CPU per vector step and per env, the
-    constants c_act and c_env of the capacity model (benchmarks/scale_model.py)."""
+    constants c_act and c_env of the capacity model (benchmarks/scale_model.py). Each row is also
+    timed with the runner acting through its torch policy instead of its numpy copy
+    (aa_ray/nets/numpy_acting.py), the two interleaved: the ratio is what that copy saves."""
     import torch
 
     from aa_ray.runtime.env_runner import EnvRunner
@@ -433,16 +435,25 @@ def part_runner(args: argparse.Namespace, results: Results) -> None:
     rows = []
     for envs, step_s in ((1, 0.0), (16, 0.0), (16, args.step_s)):
         runner = EnvRunner(load_spec(SPEC, workload(1, envs, step_s=step_s)), 0)
+        numpy_act = runner.numpy_act
         runner.sample(10, False)
         steps = 2000 // envs if step_s == 0 else 50
-        cpu = min(timed_cpu(lambda n=steps, r=runner: r.sample(n, False)) for _ in range(3)) / (steps * envs)
-        rows.append({"envs": envs, "step_s": step_s, "cpu_us_per_transition": round(cpu * 1e6, 1)})
+        cpu = {"numpy": [], "torch": []}
+        for _ in range(3):
+            for acting in cpu:
+                runner.numpy_act = numpy_act if acting == "numpy" else None
+                cpu[acting].append(timed_cpu(lambda n=steps, r=runner: r.sample(n, False)) / (steps * envs))
+        ours, torch_acting = min(cpu["numpy"]), min(cpu["torch"])
+        rows.append({"envs": envs, "step_s": step_s, "cpu_us_per_transition": round(ours * 1e6, 1),
+                     "acting_in_torch_us": round(torch_acting * 1e6, 1),
+                     "torch_over_numpy": round(torch_acting / ours, 2)})
     one, many, sleeping = (row["cpu_us_per_transition"] for row in rows)
     c_env = (many * 16 - one) / 15  # per env per step
     c_act = one - c_env  # per vector step
     c_sleep = sleeping - many  # what the kernel charges a step for its sleep (timer, wake-up)
-    print_table(["envs per runner", "env step s", "CPU us per transition"],
-                [[r["envs"], r["step_s"], r["cpu_us_per_transition"]] for r in rows])
+    print_table(["envs per runner", "env step s", "CPU us per transition", "acting in torch", "ratio"],
+                [[r["envs"], r["step_s"], r["cpu_us_per_transition"], r["acting_in_torch_us"], r["torch_over_numpy"]]
+                 for r in rows])
     print(f"c_act (per vector step) {c_act:.1f} us, c_env (per env per step) {c_env:.1f} us, CPU of a "
           f"{args.step_s * 1e3:g} ms sleep {c_sleep:.1f} us")
     results.put("runner", [*rows, {"c_act_us": round(c_act, 1), "c_env_us": round(c_env, 1),

@@ -18,6 +18,7 @@ from aa_ray.algos.contract import OnPolicyActor
 from aa_ray.algos.registry import build_policy
 from aa_ray.envs import RENDER_BACKEND_ERRORS, make_env, make_vector_env, vector_obs_dims
 from aa_ray.envs.info_metrics import final_info, metric_name, tracked_info_keys
+from aa_ray.nets.numpy_acting import numpy_acting
 from aa_ray.nets.policy import to_bounds
 from aa_ray.records import (
     ChunkStats,
@@ -82,6 +83,7 @@ class EnvRunner:
         self.act_low, self.act_high = act_space.low.astype(np.float32), act_space.high.astype(np.float32)
         self.obs_dims, self.act_dim = vector_obs_dims(self.envs), act_space.shape[0]
         self.policy = build_policy(spec.algo, self.obs_dims, self.act_dim)
+        self.numpy_act = numpy_acting(self.policy)  # None: this policy acts through torch
         self.policy_version = -1
         # a restarted runner (incarnation > 0) gets streams of its own, not its predecessor's episodes
         self.incarnation = incarnation
@@ -122,6 +124,7 @@ class EnvRunner:
         if version != self.policy_version:
             start = time.perf_counter()
             self.policy.load_state_dict(state)
+            self.numpy_act = numpy_acting(self.policy)
             self.policy_version = version
             self.weights_s += time.perf_counter() - start
 
@@ -151,6 +154,8 @@ class EnvRunner:
         for t in range(num_steps):
             if random_actions:
                 action = self.rng.uniform(-1.0, 1.0, (self.num_envs, self.act_dim)).astype(np.float32)
+            elif self.numpy_act is not None:
+                action = self.numpy_act(self.obs, self.generator)
             else:
                 action = self.policy.act(self.obs, deterministic=False, generator=self.generator)
             next_obs, reward, terminated, truncated, info = self.envs.step(self.to_env_action(action))
