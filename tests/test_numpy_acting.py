@@ -8,6 +8,7 @@ import torch
 
 from aa_ray.algos.registry import build_policy
 from aa_ray.nets.numpy_acting import numpy_acting
+from aa_ray.nets.policy import state_arrays
 from aa_ray.records import ObsDims
 from aa_ray.runtime.env_runner import EnvRunner
 from aa_ray.spec.loader import validate_spec
@@ -71,7 +72,13 @@ def test_policies_that_are_not_plain_mlps_act_through_torch(algo: str, knobs: di
     assert numpy_acting(build_policy(algo_config(algo, **knobs), OBS, ACT_DIM)) is None
 
 
-def test_a_runner_acts_with_the_weights_it_loaded_last() -> None:
+def read_only(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    for array in state.values():
+        array.setflags(write=False)  # as Ray hands out arrays from its object store
+    return state
+
+
+def test_a_runner_acts_with_the_weights_it_loaded_last_in_the_form_learners_publish_them() -> None:
     spec = validate_spec({
         "name": "numpy-acting", "env": {"id": "Pendulum-v1"},
         "algo": {"name": "sac", "actor_hidden_dims": [32], "critic_hidden_dims": [32], "warm_up_steps": 0},
@@ -80,7 +87,7 @@ def test_a_runner_acts_with_the_weights_it_loaded_last() -> None:
     runner = EnvRunner(spec, index=0)
     assert runner.numpy_act is not None
     source = trained_looking(build_policy(spec.algo, runner.obs_dims, runner.act_dim), seed=3)
-    weights = {k: v.clone() for k, v in source.state_dict().items()}
+    weights = read_only(state_arrays({k: v.clone() for k, v in source.state_dict().items()}))
     before = runner.generator.get_state()
     transitions, _ = runner.sample(4, random_actions=False, weights=weights, version=1)
     replay = torch.Generator()

@@ -27,7 +27,7 @@ from aa_ray.data import dataset as ds
 from aa_ray.envs import make_vector_env, vector_obs_dims
 from aa_ray.envs.controllers import checked_actions, declared_controller
 from aa_ray.envs.info_metrics import final_info, tracked_info_keys
-from aa_ray.nets.policy import to_bounds
+from aa_ray.nets.policy import PolicyState, state_tensors, to_bounds
 from aa_ray.records import EpisodeStats, ObsDims, Transitions
 from aa_ray.spec.experiment import ExperimentSpec
 
@@ -99,8 +99,8 @@ class DatasetRecorder:
         """The observation features and act_dim of the env this recorder made: the driver checks them."""
         return self.obs_dims, self.act_dim
 
-    def set_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
-        self.policy.load_state_dict(state)
+    def set_weights(self, state: PolicyState, version: int) -> None:
+        self.policy.load_state_dict(state_tensors(state))
 
     def to_env_action(self, action: np.ndarray) -> np.ndarray:
         return to_bounds(action, self.act_low, self.act_high)

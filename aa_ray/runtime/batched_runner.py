@@ -22,7 +22,7 @@ from aa_ray.algos.contract import OnPolicyActor
 from aa_ray.algos.registry import build_policy
 from aa_ray.envs.batched import BatchedEnv
 from aa_ray.envs.make import make_batched_env
-from aa_ray.nets.policy import to_bounds
+from aa_ray.nets.policy import PolicyState, state_tensors, to_bounds
 from aa_ray.records import ChunkStats, ObsDims, RolloutChunk, Transitions
 from aa_ray.runtime.metrics import RunMetrics, run_tag
 from aa_ray.runtime.tensor_steps import (
@@ -70,17 +70,17 @@ class BatchedRunner:
                 envs.close()
         self.envs = self.eval_envs = None
 
-    def set_weights(self, state: dict[str, Tensor], version: int) -> None:
+    def set_weights(self, state: PolicyState, version: int) -> None:
         if version != self.policy_version:
             start = time.perf_counter()
-            self.policy.load_state_dict(state)  # copies onto the policy's device
+            self.policy.load_state_dict(state_tensors(state))  # copies onto the policy's device
             self.policy_version = version
             self.weights_s += time.perf_counter() - start
 
     def to_env_action(self, action: Tensor) -> Tensor:
         return to_bounds(action, self.envs.action_low, self.envs.action_high)
 
-    def sample(self, num_steps: int, random_actions: bool, weights: dict[str, Tensor] | None = None,
+    def sample(self, num_steps: int, random_actions: bool, weights: PolicyState | None = None,
                version: int = 0) -> tuple[Transitions, ChunkStats]:
         """Step all E copies `num_steps` times, first loading `weights` (of `version`) if given; the
         chunk's real transitions (n-step ones with algo.n_step > 1) on the host, and its stats."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -187,8 +188,8 @@ class DeviceLearner:
         return evaluate_first_episodes(self.policy, self.eval_envs, seeding.eval_env_seeds(self.spec.seed, 1)[0])
 
     # ---- weights and checkpoints ------------------------------------------------------------------
-    def policy_state(self) -> tuple[dict[str, Tensor], int]:
-        return self.learner.policy_state()
+    def published_weights(self) -> tuple[dict[str, np.ndarray], int]:
+        return self.learner.published_weights()
 
     def state_dict(self) -> LearnerState:
         return self.learner.state_dict()

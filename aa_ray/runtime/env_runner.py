@@ -19,7 +19,7 @@ from aa_ray.algos.registry import build_policy
 from aa_ray.envs import RENDER_BACKEND_ERRORS, make_env, make_vector_env, vector_obs_dims
 from aa_ray.envs.info_metrics import final_info, metric_name, tracked_info_keys
 from aa_ray.nets.numpy_acting import numpy_acting
-from aa_ray.nets.policy import to_bounds
+from aa_ray.nets.policy import PolicyState, state_tensors, to_bounds
 from aa_ray.records import (
     ChunkStats,
     EpisodeStats,
@@ -120,10 +120,10 @@ class EnvRunner:
                 envs.close()
         self.envs = self.eval_envs = None
 
-    def set_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+    def set_weights(self, state: PolicyState, version: int) -> None:
         if version != self.policy_version:
             start = time.perf_counter()
-            self.policy.load_state_dict(state)
+            self.policy.load_state_dict(state_tensors(state))
             self.numpy_act = numpy_acting(self.policy)
             self.policy_version = version
             self.weights_s += time.perf_counter() - start
@@ -132,7 +132,7 @@ class EnvRunner:
         """Map policy actions in [-1, 1] onto the env's bounds (replay keeps the [-1, 1] ones)."""
         return to_bounds(action, self.act_low, self.act_high)
 
-    def sample(self, num_steps: int, random_actions: bool, weights: dict[str, torch.Tensor] | None = None,
+    def sample(self, num_steps: int, random_actions: bool, weights: PolicyState | None = None,
                version: int = 0) -> tuple[Transitions, ChunkStats]:
         """Step every env `num_steps` times, first loading `weights` (of `version`) if given. Returns
         (transitions, stats); stats include the moments of raw observations and returns that the

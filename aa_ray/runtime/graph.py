@@ -387,8 +387,8 @@ class ActorGraph:
         get_results([runner.set_weights.remote(state, 0) for runner in self.runners])
 
     def request_weights(self) -> tuple[Any, Any]:
-        """Refs of learner 0's (policy state, version), queued behind its updates so far."""
-        return self.learners[0].policy_state.options(num_returns=2).remote()
+        """Refs of learner 0's (policy state as numpy arrays, version), queued behind its updates so far."""
+        return self.learners[0].published_weights.options(num_returns=2).remote()
 
     def publish_weights(self, to_runners: bool = True) -> None:
         """Request learner 0's newest weights and send them to every runner; with `to_runners` off,

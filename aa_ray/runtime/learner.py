@@ -31,6 +31,7 @@ from aa_ray import seeding
 from aa_ray.algos.contract import Algorithm, TrainingSetup, diagnostics_to_floats
 from aa_ray.algos.precision import autocast_dtype
 from aa_ray.envs.symmetry import sym_aug_mirror
+from aa_ray.nets.policy import state_arrays
 from aa_ray.records import (
     Batch,
     LearnerReport,
@@ -254,6 +255,12 @@ class Learner:
 
     def policy_state(self, device: torch.device | str = "cpu") -> tuple[dict[str, torch.Tensor], int]:
         return self.algo.policy_state(device), self.weights_version
+
+    def published_weights(self) -> tuple[dict[str, np.ndarray], int]:
+        """`policy_state` on the host as numpy arrays (`nets.policy.state_arrays`): what the graph
+        sends the env runners."""
+        state, version = self.policy_state()
+        return state_arrays(state), version
 
     def state_dict(self) -> LearnerState:
         return LearnerState(

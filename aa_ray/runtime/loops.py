@@ -4,7 +4,7 @@
 Sync mode (`SyncLoop`), one iteration in submission order:
 
     replay.sample -> learners.update     # learn from data up to iteration k-1
-    learner.policy_state                 # weights v(k), passed with the runners' next sample calls
+    learner.published_weights            # weights v(k), passed with the runners' next sample calls
     fleet: runners.sample(train_every, v(k-1))  # concurrently: load weights v(k-1), collect with them
     fleet: replay.add(new transitions)   # once replay.sample has run: this iteration's data joins
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aa_ray import metric_names as m
+from aa_ray.nets.policy import state_tensors
 from aa_ray.records import Checkpoint
 from aa_ray.runtime.checkpoint import (
     MODEL_POLICY_FOLDER,
@@ -181,7 +182,7 @@ class RunRecord:
             return
         ranked = ranking(self.spec, evaluation)
         if ranked is not None and (self.best is None or ranked[1] > self.best.value):
-            self.best = BestPolicy(ranked[0], ranked[1], env_steps, get_results(policy_weights))
+            self.best = BestPolicy(ranked[0], ranked[1], env_steps, state_tensors(get_results(policy_weights)))
 
     def final_checkpoint(self, folder: Path) -> None:
         """The final checkpoint's state and spec as artifacts, the policy models the spec asks for,

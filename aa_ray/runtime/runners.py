@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-import torch
-
+from aa_ray.nets.policy import PolicyState
 from aa_ray.records import ChunkStats, ObsDims, RolloutChunk, Transitions
 from aa_ray.runtime.batched_runner import BatchedRunner
 from aa_ray.runtime.env_runner import EnvRunner
@@ -33,11 +32,11 @@ class Runner(Protocol):
         """The observation features and act_dim of the env it made (the driver checks them against its own)."""
         ...
 
-    def set_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+    def set_weights(self, state: PolicyState, version: int) -> None:
         """Act with these policy weights from now on (a version it has is not loaded again)."""
         ...
 
-    def sample(self, num_steps: int, random_actions: bool, weights: dict[str, torch.Tensor] | None = None,
+    def sample(self, num_steps: int, random_actions: bool, weights: PolicyState | None = None,
                version: int = 0) -> tuple[Transitions, ChunkStats]:
         """Off-policy: step every env copy `num_steps` times, first loading `weights` of `version` if
         given (as `set_weights`); the real transitions and the chunk's stats."""
