@@ -5,7 +5,9 @@
 - replay: global batches/s the replay actor serves through Ray (sampled, sharded for L learners and
           fetched) relative to the batches/s one learner consumes;
 - ddp:    time per update with L=2 gloo learners vs L=1 at the same global batch;
-- async:  wall-clock to a fixed env-step budget on pusher-reach, async vs sync, same spec and UTD.
+- async:  wall-clock to a fixed env-step budget on pusher-reach, async vs sync, same spec and UTD;
+- weights: a policy's weights put in the object store and read in a runner's process, as tensors and
+          as the numpy arrays learner 0 publishes (`nets.policy.state_arrays`): CPU per put and per read.
 
 Run:
     .venv/bin/python benchmarks/bench_scale_out.py --part fleet|replay|ddp|async [--reps N]
@@ -169,9 +171,55 @@ def part_async(args) -> dict:
     return {"async": {"rates": rates, "speedup_async_vs_sync": ratio}}
 
 
+def part_weights(args) -> dict:
+    from aa_ray.nets.policy import state_arrays
+
+    @ray.remote(num_cpus=1)
+    class Reader:  # reads each of the refs once, as a runner reads the weights its sample call names
+        def read(self, boxed: list) -> float:
+            start = time.process_time()
+            for ref in boxed:
+                ray.get(ref)
+            return (time.process_time() - start) / len(boxed)
+
+    reader = Reader.remote()
+    calls = 4 if args.smoke else 50
+    results, rows = {}, []
+    for algo in ("sac", "sac_simba"):
+        spec = load_spec(SPECS / f"{algo}.yaml", [])
+        state = {k: v.detach().clone() for k, v in build_policy(spec.algo, 17, 6).state_dict().items()}
+        forms = {"tensors": state, "numpy arrays": state_arrays(state)}
+
+        def put_and_read(weights: dict) -> tuple[float, float]:
+            start = time.process_time()
+            refs = [ray.put(weights) for _ in range(calls)]
+            put = (time.process_time() - start) / calls
+            return put, ray.get(reader.read.remote(refs))
+
+        for weights in forms.values():  # warm up both paths
+            put_and_read(weights)
+        times = {form: [] for form in forms}
+        for _ in range(args.reps):
+            for form, weights in forms.items():
+                times[form].append(put_and_read(weights))
+        size = sum(v.numel() * v.element_size() for v in state.values())
+        cell = {}
+        for form, pairs in times.items():
+            cell[form] = {"put_ms": statistics.median(p for p, _ in pairs) * 1e3,
+                          "read_ms": statistics.median(r for _, r in pairs) * 1e3}
+        cell["put_ratio"] = cell["tensors"]["put_ms"] / cell["numpy arrays"]["put_ms"]
+        cell["read_ratio"] = cell["tensors"]["read_ms"] / cell["numpy arrays"]["read_ms"]
+        results[algo] = {"bytes": size, **cell}
+        tensors, arrays = cell["tensors"], cell["numpy arrays"]
+        rows.append([f"{algo} ({size / 1e3:.0f} kB)", tensors["put_ms"], arrays["put_ms"], cell["put_ratio"],
+                     tensors["read_ms"], arrays["read_ms"], cell["read_ratio"]])
+    print_table(["policy", "put ms, tensors", "numpy", "ratio", "read ms, tensors", "numpy", "ratio"], rows)
+    return {"weights": results}
+
+
 def main() -> None:
     parser = base_parser(__doc__, reps=5)
-    parser.add_argument("--part", choices=["fleet", "replay", "ddp", "async", "all"], default="all")
+    parser.add_argument("--part", choices=["fleet", "replay", "ddp", "async", "weights", "all"], default="all")
     parser.add_argument("--envs", type=int, default=4, help="fleet: envs per runner")
     parser.add_argument("--steps", type=int, default=250, help="fleet: steps per runner per repetition")
     parser.add_argument("--updates", type=int, default=40, help="ddp: updates per timed repetition")
@@ -182,7 +230,7 @@ def main() -> None:
         args.part, args.reps, args.steps, args.updates, args.env_steps = "all", 1, 20, 2, 150
     info = machine_info()
     print_machine(info)
-    parts = ["fleet", "replay", "ddp", "async"] if args.part == "all" else [args.part]
+    parts = ["fleet", "replay", "ddp", "async", "weights"] if args.part == "all" else [args.part]
     # smoke: without the idle workers Ray starts for the first driver (as aa_ray.runtime.cluster.connect
     # starts Ray): no actor uses them, and they cost a second of CPU
     system_config = {"prestart_worker_first_driver": False} if args.smoke else None

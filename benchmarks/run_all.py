@@ -72,6 +72,8 @@ def main() -> None:
             rows.append([f"batches/s, {name} / one learner's consumption", value["ratio"]])
         rows.append(["learner updates/s, L=2 gloo / L=1 (same global batch)", r["ddp"]["ratio_L2_vs_L1"]])
         rows.append(["env steps/s to a fixed budget, async / sync", r["async"]["speedup_async_vs_sync"]])
+        for algo, value in r["weights"].items():
+            rows.append([f"{algo} weights, CPU per read in a runner: tensors / numpy arrays", value["read_ratio"]])
     print(f"\n===== summary (median ratios; machine: {cpu_model()}, see each section for rates)")
     print_table(["ratio", "value"], rows)
     if failed:

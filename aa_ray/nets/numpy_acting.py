@@ -1,10 +1,11 @@
 """A plain ReLU-MLP policy's exploring action in numpy, for env runners that step a few env copies.
 
-At one env per runner a torch forward pass of a small MLP costs about 160 µs of CPU, nearly all of
-it torch's fixed cost per op (about 20 ops, each a dispatch and a fresh tensor), against about 25 µs
-for the same arithmetic in numpy: the larger part of a runner's CPU per step. So a runner whose
-policy is one of the plain-MLP kinds below acts through a numpy copy of its weights, taken each
-time it loads new ones.
+At one env per runner, acting through torch was the larger part of a runner's CPU per step: a
+small MLP's forward pass is about 20 ops, and at one row each costs torch's fixed price of a
+dispatch and a fresh tensor, several µs on a 2-core CPU, where numpy's costs about one. A runner
+whose policy is one of the plain-MLP kinds below acts through a numpy copy of its weights, taken
+each time it loads new ones: its CPU per step fell from about 270 µs to about 115 µs at one env and
+from 24 µs to 13 µs per env at 16 (`benchmarks/bench_scale.py --part runner`, RESULTS 43).
 
 The arithmetic is that of `SquashedGaussianPolicy.act` and `DeterministicPolicy.act`, in the same
 order and in float32; the noise comes from the runner's torch generator, as before, so the draws
