@@ -20,7 +20,8 @@ PolicyState = Mapping[str, Tensor | np.ndarray]  # a policy's state dict, as ten
 def state_arrays(state: Mapping[str, Tensor]) -> dict[str, np.ndarray]:
     """A policy's state dict (host tensors) as numpy arrays: the form learner 0 publishes weights in.
     Ray passes numpy arrays as raw buffers, where it pickles a tensor through `torch.save`: on a
-    2-core CPU about 3x the put and about 80x the read of every runner that loads them (RESULTS 43)."""
+    2-core CPU that cost 2-3 times the CPU of the put and 7-11 times that of every runner's read
+    (`benchmarks/bench_scale_out.py --part weights`, RESULTS 43)."""
     return {name: value.numpy() for name, value in state.items()}
 
 
