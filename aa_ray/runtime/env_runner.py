@@ -51,8 +51,11 @@ class EpisodeTracker:
     ) -> None:
         """`info`: the vector env's info for the step's final states (next-step autoreset: the step's
         own; same-step autoreset: its `final_info`)."""
-        self.returns += np.where(valid, reward, 0.0)
+        # called every env step: in place, and no scan for ended episodes on the many steps that end none
+        np.add(self.returns, reward, out=self.returns, where=valid)
         self.lengths += valid
+        if not done.any():
+            return
         for i in np.flatnonzero(done & valid):
             values = final_info(info, i, keys)
             self.finished.append(EpisodeStats(float(self.returns[i]), float(self.lengths[i]), values))
