@@ -162,6 +162,8 @@ class Cell:
     cluster_cores: float = 0.0
     other_cores: float = 0.0
     load_average: tuple[float, ...] = ()
+    # this VM's speed just before and after the cell: the CPU the reference work took (reference_cpu_us)
+    reference_us: tuple[float, float] = (0.0, 0.0)
     status: str = "ok"
 
 
@@ -257,14 +259,43 @@ def actor_nodes(spec: Any, graph: Any) -> dict[str, list[int]]:
     return {"learners": where[:learners], "replay": replay, "runners": where[learners:]}
 
 
+def reference_cpu_us() -> float:
+    """The CPU (least of 5 tries of 2,000, in this process, about 80 ms in all) of a fixed piece of the
+    work a runner's step does: small numpy ops and Python around them. The 2-core VMs of these
+    sessions ran everything up to 1.5 times slower for minutes at a time (RESULTS 44), learner and
+    runners alike, so a cell's CPU per transition is read against this, measured just before and after
+    it, when comparing recordings."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((1, 64), dtype=np.float32), rng.standard_normal((64, 64), dtype=np.float32)
+    tries = []
+    for _ in range(6):  # the first warms up (BLAS, caches) and is not counted
+        start = time.process_time()
+        for _ in range(2000):
+            y = x @ w
+            np.maximum(y, 0.0, out=y)
+            record = {"y": np.tanh(y[:, :8]), "sum": float(y.sum())}
+            del record
+        tries.append((time.process_time() - start) / 2000)
+    return 1e6 * min(tries[1:])
+
+
 def measure(config: dict[str, Any], overrides: Sequence[str], seconds: float, settle_s: float = 1.0) -> Cell:
     """Run the synthetic spec with `overrides` on the cluster RAY_ADDRESS names, stop it after
     `seconds` of learning, and return its steady state."""
+    cell = Cell(config)
+    before = reference_cpu_us()
+    cell = _measure(cell, overrides, seconds, settle_s)
+    cell.reference_us = (round(before, 2), round(reference_cpu_us(), 2))
+    return cell
+
+
+def _measure(cell: Cell, overrides: Sequence[str], seconds: float, settle_s: float) -> Cell:
     from aa_ray.runtime.trainer import Trainer
     from aa_ray.spec.loader import load_spec
 
     spec = load_spec(SPEC, [*overrides, "budget.env_steps=1000000000"])
-    cell = Cell(config)
     with tempfile.TemporaryDirectory(prefix="bench_scale_") as folder:
         trainer = Trainer(spec, run_dir=Path(folder) / "run", track=False, live=False)
         log = IterationLog(trainer, learning_from=spec.algo.warm_up_steps)
@@ -315,11 +346,12 @@ def show_cells(cells: Sequence[Cell], columns: Sequence[str]) -> None:
                      round(cell.driver_cpu_ms_per_iteration, 1),
                      f"{cell.runners_busy:.0%}", f"{cell.learner_busy:.0%}", f"{cell.device_busy:.0%}",
                      f"{cell.busiest_process.get('ReplayBuffer', 0.0):.0%}",
-                     f"{cell.cluster_cores:.2f} / {cell.other_cores:.2f}", cell.status])
+                     f"{cell.cluster_cores:.2f} / {cell.other_cores:.2f}",
+                     " / ".join(f"{us:.1f}" for us in cell.reference_us), cell.status])
     print_table([*columns, "env steps/s", "ideal", "efficiency", "CPU us/transition", "ms/iteration",
                  "driver CPU ms/iteration",
                  "runners collecting", "learner in update", "GPU busy (simulated)", "busiest replay actor's CPU",
-                 "cores: cluster / others", "status"], rows)
+                 "cores: cluster / others", "reference us: before / after", "status"], rows)
 
 
 # ---- the parts ------------------------------------------------------------------------------------------------
