@@ -25,10 +25,14 @@ Run from the repository root:
 from __future__ import annotations
 
 import argparse
+import atexit
+import functools
 import math
 import os
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -106,6 +110,8 @@ def cpu_by_process() -> dict[int, tuple[str, float]]:
     me = psutil.Process()
     for proc in [me, *me.children(recursive=True)]:
         try:
+            if proc.cmdline()[-1:] == ["--speed-probe"]:
+                continue  # the harness's SpeedProbe: the machine's other load, not the cluster's
             times = proc.cpu_times()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -162,8 +168,7 @@ class Cell:
     cluster_cores: float = 0.0
     other_cores: float = 0.0
     load_average: tuple[float, ...] = ()
-    # this VM's speed just before and after the cell: the CPU the reference work took (reference_cpu_us)
-    reference_us: tuple[float, float] = (0.0, 0.0)
+    vm_speed: dict[str, float] = field(default_factory=dict)  # SpeedProbe.during the window
     status: str = "ok"
 
 
@@ -208,7 +213,7 @@ class IterationLog:
     def learned_for(self) -> float:
         return 0.0 if self.learning_since is None else time.perf_counter() - self.learning_since
 
-    def steady(self, cell: Cell, settle_s: float, update_s: float) -> Cell:
+    def steady(self, cell: Cell, settle_s: float, update_s: float, probe: SpeedProbe) -> Cell:
         """Fill `cell` from the samples between `settle_s` into learning and the last one before the
         final iteration (which evaluates)."""
         samples = [s for s in self.samples[:-1] if s.wall - self.samples[0].wall >= settle_s]
@@ -235,6 +240,7 @@ class IterationLog:
         cell.cluster_cores = sum(used.values()) / cell.window_s
         cell.other_cores = max(0.0, (last.machine_busy_s - first.machine_busy_s) / cell.window_s - cell.cluster_cores)
         cell.load_average = tuple(round(load, 2) for load in os.getloadavg())
+        cell.vm_speed = probe.during(first.wall, last.wall)
         cell.cpu_us_per_transition = {kind: 1e6 * s / steps for kind, s in sorted(used.items())} if steps else {}
         cell.cpu_us_per_transition["total"] = sum(cell.cpu_us_per_transition.values())
         cell.driver_cpu_ms_per_iteration = 1e3 * used.get("driver", 0.0) / max(cell.iterations, 1)
@@ -259,43 +265,81 @@ def actor_nodes(spec: Any, graph: Any) -> dict[str, list[int]]:
     return {"learners": where[:learners], "replay": replay, "runners": where[learners:]}
 
 
-def reference_cpu_us() -> float:
-    """The CPU (least of 5 tries of 2,000, in this process, about 80 ms in all) of a fixed piece of the
-    work a runner's step does: small numpy ops and Python around them. The 2-core VMs of these
-    sessions ran everything up to 1.5 times slower for minutes at a time (RESULTS 44), learner and
-    runners alike, so a cell's CPU per transition is read against this, measured just before and after
-    it, when comparing recordings."""
+def reference_cpu_us(tries: int = 2, iterations: int = 1000) -> float:
+    """The CPU per iteration (least of `tries`, in this process) of a fixed piece of the work a runner's
+    step does: small numpy ops and Python around them, about 5 us at the full speed of the 2-core AMD
+    EPYC VMs of RESULTS 44. Those VMs ran everything, learner and runners alike, about twice as slowly
+    for seconds to minutes at a time; `SpeedProbe` reads this through every cell."""
     import numpy as np
 
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal((1, 64), dtype=np.float32), rng.standard_normal((64, 64), dtype=np.float32)
-    tries = []
-    for _ in range(6):  # the first warms up (BLAS, caches) and is not counted
+    best = math.inf
+    for _ in range(tries):
         start = time.process_time()
-        for _ in range(2000):
+        for _ in range(iterations):
             y = x @ w
             np.maximum(y, 0.0, out=y)
             record = {"y": np.tanh(y[:, :8]), "sum": float(y.sum())}
             del record
-        tries.append((time.process_time() - start) / 2000)
-    return 1e6 * min(tries[1:])
+        best = min(best, (time.process_time() - start) / iterations)
+    return 1e6 * best
+
+
+PROBE_EVERY_S = 0.5
+
+
+class SpeedProbe:
+    """The VM's speed through the cells: a child process (`--speed-probe`) that every PROBE_EVERY_S
+    reads `reference_cpu_us` (about 10 ms of CPU at full speed, 2% of a core) and prints it; each
+    reading is kept with the time it arrived. Its process is not the cluster's: its CPU counts among
+    the machine's other load."""
+
+    def __init__(self) -> None:
+        self.readings: list[tuple[float, float]] = []
+        self.process = subprocess.Popen([sys.executable, __file__, "--speed-probe"], stdout=subprocess.PIPE, text=True)
+        threading.Thread(target=self._read, daemon=True).start()
+        atexit.register(self.process.kill)
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.readings.append((time.perf_counter(), float(line)))
+
+    def during(self, start: float, end: float) -> dict[str, float]:
+        """The readings between `start` and `end` (perf_counter): how many, their median and the
+        slowdown, that median over the fastest reading so far."""
+        window = sorted(us for at, us in self.readings if start <= at <= end)
+        if not window:
+            return {}
+        fastest = min(us for _, us in self.readings)
+        median = window[len(window) // 2]
+        return {"readings": len(window), "median_us": round(median, 2), "fastest_us": round(fastest, 2),
+                "slowdown": round(median / fastest, 2)}
+
+
+def run_speed_probe() -> None:
+    """The probe's process: a reading every PROBE_EVERY_S until its parent goes."""
+    os.nice(5)  # below the harness and the daemons, above Ray's workers (nice 15): readings keep coming
+    reference_cpu_us()  # warm-up
+    while True:
+        print(f"{reference_cpu_us():.3f}", flush=True)
+        time.sleep(PROBE_EVERY_S)
+
+
+@functools.cache
+def speed_probe() -> SpeedProbe:
+    return SpeedProbe()
 
 
 def measure(config: dict[str, Any], overrides: Sequence[str], seconds: float, settle_s: float = 1.0) -> Cell:
     """Run the synthetic spec with `overrides` on the cluster RAY_ADDRESS names, stop it after
     `seconds` of learning, and return its steady state."""
-    cell = Cell(config)
-    before = reference_cpu_us()
-    cell = _measure(cell, overrides, seconds, settle_s)
-    cell.reference_us = (round(before, 2), round(reference_cpu_us(), 2))
-    return cell
-
-
-def _measure(cell: Cell, overrides: Sequence[str], seconds: float, settle_s: float) -> Cell:
     from aa_ray.runtime.trainer import Trainer
     from aa_ray.spec.loader import load_spec
 
+    probe = speed_probe()
     spec = load_spec(SPEC, [*overrides, "budget.env_steps=1000000000"])
+    cell = Cell(config)
     with tempfile.TemporaryDirectory(prefix="bench_scale_") as folder:
         trainer = Trainer(spec, run_dir=Path(folder) / "run", track=False, live=False)
         log = IterationLog(trainer, learning_from=spec.algo.warm_up_steps)
@@ -305,7 +349,7 @@ def _measure(cell: Cell, overrides: Sequence[str], seconds: float, settle_s: flo
         except Exception as err:  # a cell that fails is a result (the table says so), not the end of the sweep
             cell.status = f"failed: {type(err).__name__}: {str(err)[:200]}"
             return cell
-    return log.steady(cell, settle_s, spec.algo.update_s)
+    return log.steady(cell, settle_s, spec.algo.update_s, probe)
 
 
 def workload(runners: int, envs: int, step_s: float = 0.0, update_s: float = 0.0, batch: int = 256,
@@ -347,11 +391,11 @@ def show_cells(cells: Sequence[Cell], columns: Sequence[str]) -> None:
                      f"{cell.runners_busy:.0%}", f"{cell.learner_busy:.0%}", f"{cell.device_busy:.0%}",
                      f"{cell.busiest_process.get('ReplayBuffer', 0.0):.0%}",
                      f"{cell.cluster_cores:.2f} / {cell.other_cores:.2f}",
-                     " / ".join(f"{us:.1f}" for us in cell.reference_us), cell.status])
+                     cell.vm_speed.get("slowdown", ""), cell.status])
     print_table([*columns, "env steps/s", "ideal", "efficiency", "CPU us/transition", "ms/iteration",
                  "driver CPU ms/iteration",
                  "runners collecting", "learner in update", "GPU busy (simulated)", "busiest replay actor's CPU",
-                 "cores: cluster / others", "reference us: before / after", "status"], rows)
+                 "cores: cluster / others", "VM slowdown", "status"], rows)
 
 
 # ---- the parts ------------------------------------------------------------------------------------------------
@@ -537,4 +581,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--speed-probe"]:
+        run_speed_probe()
+    else:
+        main()

@@ -78,6 +78,10 @@ def test_the_harness_measures_a_two_node_cluster(tmp_path: Path) -> None:
     assert cell["cluster_cores"] == pytest.approx(cpu["total"] * 1e-6 * cell["env_steps_per_s"], rel=1e-6)
     assert cell["cluster_cores"] > 0 and cell["cluster_cores"] + cell["other_cores"] <= 1.05 * psutil.cpu_count()
     assert len(cell["load_average"]) == 3
+    # the VM's speed through the window, read by the harness's probe process (kept out of the cluster's CPU)
+    speed = cell["vm_speed"]
+    assert speed["readings"] >= 2 and 0 < speed["fastest_us"] <= speed["median_us"], speed
+    assert speed["slowdown"] == pytest.approx(speed["median_us"] / speed["fastest_us"], abs=0.01)
     # the replay actor on the learner's node (its samples move through shared memory), the runners on both
     placement = cell["placement"]
     assert placement["replay"] == placement["learners"] and len(placement["runners"]) == 4, placement
