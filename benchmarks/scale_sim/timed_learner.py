@@ -55,7 +55,8 @@ class TimedLearner(Bookkeeping):
         self.updates = torch.zeros((), dtype=torch.int64)  # a checkpoint holds how far it got
 
     def update(self, batch: Batch) -> dict[str, Tensor]:
-        time.sleep(self.update_s * batch.num_batches)
+        if self.update_s > 0:  # a free learner makes no call: `sleep(0)` alone costs ~23 us of CPU (RESULTS 44)
+            time.sleep(self.update_s * batch.num_batches)
         self.updates += batch.num_batches
         return {"learner/simulated_updates": self.updates.clone(), "critic/q_loss": batch.reward.mean()}
 
