@@ -321,9 +321,12 @@ def run_speed_probe() -> None:
     """The probe's process: a reading every PROBE_EVERY_S until its parent goes."""
     os.nice(5)  # below the harness and the daemons, above Ray's workers (nice 15): readings keep coming
     reference_cpu_us()  # warm-up
-    while True:
-        print(f"{reference_cpu_us():.3f}", flush=True)
-        time.sleep(PROBE_EVERY_S)
+    try:
+        while True:
+            print(f"{reference_cpu_us():.3f}", flush=True)
+            time.sleep(PROBE_EVERY_S)
+    except BrokenPipeError:  # the harness is gone (killed before it could end the probe)
+        os._exit(0)
 
 
 @functools.cache
