@@ -12,6 +12,7 @@ after the first time. Errors are `EnvSourceError`, a ValueError whose message sa
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import re
 import sys
@@ -84,22 +85,50 @@ def import_failure(name: str, field: str, err: BaseException, py_modules: Sequen
 
 
 def import_object(path: str, field: str, env: EnvSource, what: str) -> Any:
-    """The object `module:attr` (attr may be dotted) names, for the spec field `field`; `what` says
-    what it should be, for the error when the form is wrong."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
+    """The object `module:name` names, for the spec field `field`; `what` says what it should be, for
+    the error when the form is wrong. `name` must be defined in that module (a class or function whose
+    `__module__` it is, a non-callable value bound there, or any name its `__all__` lists): never an
+    attribute path, a module, or a callable the module only imported (`aa_ray.envs.source:os.system`
+    would reach `os` through a module the spec is allowed to name)."""
+    module_name, sep, name = path.partition(":")
+    if not sep or not module_name or not name:
         raise EnvSourceError(f"{field}: {path!r} is not of the form module:{what}.")
-    target = import_module(module_name, field, env)
-    for part in attr.split("."):
-        if not hasattr(target, part):
-            hint = (
-                " It names a creator defined in a script or notebook: pass the same function again "
-                "(load_policy(checkpoint, env_creator=...), Experiment(..., env_creator=...))."
-                if module_name == "__main__" else ""
-            )
-            raise EnvSourceError(f"{field}: module {module_name!r} has no attribute {attr!r}.{hint}")
-        target = getattr(target, part)
+    if not name.isidentifier():
+        raise EnvSourceError(
+            f"{field}: {path!r} names {name!r}, which is not one name: name the class, function or object in the "
+            f"module that defines it (module:{what})."
+        )
+    module = import_module(module_name, field, env)
+    if not hasattr(module, name):
+        hint = (
+            " It names a creator defined in a script or notebook: pass the same function again "
+            "(load_policy(checkpoint, env_creator=...), Experiment(..., env_creator=...))."
+            if module_name == "__main__" else ""
+        )
+        raise EnvSourceError(f"{field}: module {module_name!r} has no attribute {name!r}.{hint}")
+    target = getattr(module, name)
+    if not _defined_in(module, name, target):
+        what_it_is = (f"module {target.__name__!r}" if inspect.ismodule(target)
+                      else f"{name!r}, defined in module {getattr(target, '__module__', None)!r},")
+        raise EnvSourceError(
+            f"{field}: {path!r} names {what_it_is} which {module_name!r} imports rather than defines; name it in "
+            f"the module that defines it, or list {name!r} in {module_name}.__all__."
+        )
     return target
+
+
+def _defined_in(module: Any, name: str, target: Any) -> bool:
+    """Whether `module.name` is the module's own and not a module: listed in its `__all__`, or, for a
+    class or function, defined there (its `__module__`), or a value that is neither a module nor callable (a mirror's
+    mapping, a dataclass instance: data the caller checks, which cannot be told apart from an import)."""
+    if inspect.ismodule(target):
+        return False
+    exported = getattr(module, "__all__", ())
+    if isinstance(exported, list | tuple) and name in exported:
+        return True
+    if inspect.isclass(target) or inspect.isroutine(target):
+        return getattr(target, "__module__", None) == module.__name__
+    return not callable(target)
 
 
 def resolve_entry_point(entry_point: str | Callable[..., gym.Env], env: EnvSource) -> Callable[..., gym.Env]:

@@ -41,19 +41,21 @@ def _report(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def policy_from_checkpoint(spec: ExperimentSpec, checkpoint: str | Path,
-                           trust_code: bool = False) -> tuple[ExperimentSpec, dict]:
+def policy_from_checkpoint(spec: ExperimentSpec, checkpoint: str | Path, trust_code: bool = False,
+                           sha256: str | None = None) -> tuple[ExperimentSpec, dict]:
     """The spec to roll out with (the checkpoint's algo, so runners build its policy network) and
-    the policy weights. CheckpointError (a bad path or file), RolloutError (wrong env), SpecError
-    (the checkpoint's algo does not fit the rest of the spec) or UntrustedCodeError (the checkpoint
-    names code that the user's spec does not, and `trust_code` is off)."""
+    the policy weights. CheckpointError (a bad path or file, or one whose state file no longer has
+    the `sha256` recorded when it was written), RolloutError (wrong env), SpecError (the checkpoint's
+    algo does not fit the rest of the spec) or UntrustedCodeError (the checkpoint names code that the
+    user's spec does not, and `trust_code` is off). A checkpoint read by its recorded hash is the
+    caller's own (a pipeline's train stage): the code it names is that stage's spec's."""
     from aa_ray.algos.registry import build_policy
     from aa_ray.envs import env_dims
     from aa_ray.runtime.checkpoint import CheckpointError, checkpoint_policy, load_checkpoint
 
-    payload = load_checkpoint(checkpoint)
+    payload = load_checkpoint(checkpoint, sha256=sha256)
     # what the user's own spec names is theirs to run
-    refuse_untrusted_code(payload.spec, f"checkpoint {payload.folder}", trust_code,
+    refuse_untrusted_code(payload.spec, f"checkpoint {payload.folder}", trust_code or sha256 is not None,
                           named_by_user=named_code(spec_to_dict(spec)))
     trained, state = checkpoint_policy(payload, trust_code=True)
     if trained.env.id != spec.env.id:
@@ -165,6 +167,7 @@ def rollout(
     dataset_id: str | None = None,
     trust_code: bool = False,
     overwrite: bool = False,
+    checkpoint_sha256: str | None = None,
 ) -> dict[str, Any]:
     """Write `episodes` episodes of the spec's env to the dataset `out`: a Parquet file, or with
     `dataset_format="minari"` a Minari dataset `<out>/<dataset_id>` (out: the dataset root, default
@@ -175,7 +178,9 @@ def rollout(
     objects in this process. Returns a summary: path, episodes, transitions, mean_return, producer,
     and `mean_<name>` for each task metric the env reports (mean_success from is_success;
     `aa_ray.envs.info_metrics`). `trust_code`: run the code the checkpoint's stored spec names
-    beyond what `spec` names (`aa_ray.spec.trust`). `overwrite`: replace a Parquet dataset already at
+    beyond what `spec` names (`aa_ray.spec.trust`); `checkpoint_sha256`: the checkpoint's state file
+    hash recorded when the caller wrote it, which makes it trusted if the file still has it (a
+    pipeline's own train stage). `overwrite`: replace a Parquet dataset already at
     `out` (refused otherwise; a Minari dataset is never replaced). A disk that fills up is a
     RolloutError, with nothing of the dataset left behind."""
     from aa_ray.envs import env_dims
@@ -201,7 +206,7 @@ def rollout(
         check_scripted(spec)
         producer = "scripted"
     else:
-        spec, policy_state = policy_from_checkpoint(spec, checkpoint, trust_code)
+        spec, policy_state = policy_from_checkpoint(spec, checkpoint, trust_code, checkpoint_sha256)
         producer = str(Path(checkpoint).resolve())
     meta = dataset_meta(spec, producer)
     try:

@@ -23,6 +23,8 @@ generator of its own."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import shutil
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,7 @@ from aa_ray.records import Checkpoint, CheckpointParts, DriverCheckpoint, Learne
 from aa_ray.runtime.env_state import pack, unpack
 from aa_ray.spec.experiment import ExperimentSpec
 from aa_ray.spec.loader import flatten, spec_to_dict, spec_yaml, validate_spec
-from aa_ray.spec.trust import refuse_untrusted_code
+from aa_ray.spec.trust import refuse_untrusted_code, stored_type_errors
 
 FORMAT_VERSION = 4
 READABLE_VERSIONS = (1, 2, 3, 4)
@@ -138,16 +140,28 @@ def complete_steps(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("step_*") if not p.name.endswith(_PARTIAL) and (p / STATE_FILE).is_file())
 
 
-def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Read a checkpoint folder (or its state.pt). Raises CheckpointError with a clear message."""
+def load_checkpoint(path: str | Path, sha256: str | None = None) -> Checkpoint:
+    """Read a checkpoint folder (or its state.pt). Raises CheckpointError with a clear message.
+    `sha256`: the state file's content hash, recorded when it was written (a pipeline stage's
+    output); the file is then read once, and refused unless it still has that hash."""
     path = Path(path)
     state_file = path / STATE_FILE if path.is_dir() else path
     if not state_file.is_file():
         raise CheckpointError(
             f"checkpoint {str(path)!r} not found: pass a checkpoint folder (it holds {STATE_FILE})."
         )
+    source: Path | io.BytesIO = state_file
+    if sha256 is not None:
+        contents = state_file.read_bytes()
+        found = hashlib.sha256(contents).hexdigest()
+        if found != sha256:
+            raise CheckpointError(
+                f"checkpoint file {state_file} changed since it was written (sha256 {found[:12]}..., recorded "
+                f"{sha256[:12]}...): something replaced it, so it is not read. Run the stage that wrote it again."
+            )
+        source = io.BytesIO(contents)
     try:
-        payload = torch.load(state_file, map_location="cpu", weights_only=True)
+        payload = torch.load(source, map_location="cpu", weights_only=True)
     except Exception as err:  # a damaged file fails anywhere in zip, pickle or tensor decoding
         if isinstance(err, PermissionError):
             raise CheckpointError(f"checkpoint file {state_file} cannot be read ({err}).") from None
@@ -162,6 +176,14 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         raise CheckpointError(
             f"checkpoint file {state_file} has format version {payload['format_version']!r}, "
             f"this aa-ray reads versions {', '.join(map(str, READABLE_VERSIONS))}; use the aa-ray that wrote it."
+        )
+    stored = payload.get("spec")
+    damaged = stored_type_errors(stored) if isinstance(stored, dict) else []
+    if damaged:  # read strictly: the trust rule compares the strings a spec names code by (spec/trust.py)
+        raise CheckpointError(
+            f"checkpoint file {state_file} is damaged or was not written by aa-ray: its stored spec's "
+            f"{'; '.join(damaged)}. A spec names its code, paths and ids by strings, so nothing of this one was "
+            "read or imported; use another checkpoint of the run."
         )
     try:
         return _todays_checkpoint(payload, state_file.parent)
@@ -274,11 +296,17 @@ def checkpoint_policy(checkpoint: Checkpoint, *, trust_code: bool) -> tuple[Expe
     """The spec a checkpoint was trained with and its acting policy's weights (CheckpointError if
     it holds none; UntrustedCodeError as `checkpoint_spec`)."""
     trained = checkpoint_spec(checkpoint, trust_code=trust_code)
+    return trained, checkpoint_weights(checkpoint)
+
+
+def checkpoint_weights(checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
+    """A checkpoint's acting policy's weights, checked finite, without reading its stored spec
+    (CheckpointError if it holds none)."""
     state = checkpoint.learner.algo.get("policy") if checkpoint.learner is not None else None
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {checkpoint.folder} holds no policy weights.")
     _refuse_non_finite_weights(checkpoint.folder, state)
-    return trained, state
+    return state
 
 
 def _refuse_non_finite_weights(folder: Path, state: dict[str, Any]) -> None:

@@ -26,7 +26,7 @@ from aa_ray.runtime.checkpoint import (
     MODEL_POLICY_FOLDER,
     SPEC_FILE,
     STATE_FILE,
-    checkpoint_policy,
+    checkpoint_weights,
     load_checkpoint,
     policy_only,
     save_checkpoint,
@@ -202,8 +202,8 @@ class RunRecord:
         tracking = self.spec.tracking
         wanted: list[tuple[str, int, Callable[[], dict[str, Any]], str | None]] = []
         if tracking.log_model:
-            def final_policy() -> dict[str, Any]:  # the run's own checkpoint: the code it names is the run's
-                return checkpoint_policy(load_checkpoint(final), trust_code=True)[1]
+            def final_policy() -> dict[str, Any]:  # its weights alone: the stored spec is not read
+                return checkpoint_weights(load_checkpoint(final))
 
             wanted.append((FINAL_MODEL, self.last_step, final_policy, tracking.register_model))
         if self.best is not None:

@@ -5,7 +5,11 @@ trial with its own placement group. A later stage uses an earlier one's output b
 Stages are content-addressed: a stage's key hashes its resolved spec, its own settings and the
 *contents* of its inputs, and its outputs live in `<output_dir>/pipelines/<name>/<stage>-<key>/`.
 A stage whose folder holds a completed record under the same key is reused, not re-run (`--force`
-reruns). A failing stage stops the pipeline; the completed stages keep their outputs, so the next
+reruns), but only while its output still has the content hash the record took when the stage
+ended: an output changed since (a replaced checkpoint) is named, its folder is moved aside
+(`<stage>-<key>.changed-<time>`) and the stage runs again. A later stage gets an earlier one's
+output with that recorded hash, and a rollout stage reads its policy's checkpoint only if the file
+still has it (`load_checkpoint(..., sha256=...)`): no stage trusts a file it did not verify. A failing stage stops the pipeline; the completed stages keep their outputs, so the next
 invocation starts at the stage that failed.
 
 SIGTERM or SIGINT stops the running stage as a sweep's trials are stopped (`session.TuneSession`):
@@ -22,7 +26,7 @@ import hashlib
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ray import tune
 
@@ -65,6 +69,13 @@ class PipelineError(RuntimeError):
     """A stage failed; the message names it and where the completed stages' outputs are."""
 
 
+class StageOutput(NamedTuple):
+    """A completed stage's output and its content hash (`output_digest`), taken when the stage ended."""
+
+    path: Path
+    sha256: str
+
+
 def file_digest(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -87,16 +98,18 @@ def output_digest(output: Path) -> str:
 class StagePlan:
     """One stage, resolved: the spec it runs, its inputs and key, and where its outputs go."""
 
-    def __init__(self, pipeline: Pipeline, name: str, outputs: dict[str, Path], root: Path):
+    def __init__(self, pipeline: Pipeline, name: str, outputs: dict[str, StageOutput], root: Path):
         self.name = name
         self.stage = pipeline.spec.stages[name]
         references = self.stage.references()
-        inputs = {where: outputs[parse_reference(ref)[0]] for where, ref in references.items()}
-        digests = {where: output_digest(path) for where, path in inputs.items()}
+        given = {where: outputs[parse_reference(ref)[0]] for where, ref in references.items()}
+        inputs = {where: output.path for where, output in given.items()}
+        digests = {where: output.sha256 for where, output in given.items()}
         raw = absolute_paths(pipeline.raws[name])
         if isinstance(self.stage, RolloutStage):
             self.spec = validate_spec(raw, source=f"stage {name}")
             self.checkpoint = inputs.get("policy")
+            self.checkpoint_sha256 = digests.get("policy")
             settings = {"episodes": self.stage.episodes, "deterministic": self.stage.deterministic,
                         "scripted": self.stage.scripted}
             self.dataset_id = None
@@ -118,12 +131,32 @@ class StagePlan:
         else:
             self.output = self.folder / DATASET_FILE
 
-    def completed_record(self) -> dict[str, Any] | None:
+    def completed_record(self) -> tuple[dict[str, Any] | None, str | None]:
+        """(the stage's record, None) when it completed under this key and its output still has the
+        hash recorded then; (None, why) when it completed but its output changed since; (None, None)
+        when it did not complete."""
         path = self.folder / RECORD_FILE
         if not path.is_file() or not self.output.exists():
-            return None
+            return None, None
         record = json.loads(path.read_text())
-        return record if record.get("key") == self.key else None
+        if not isinstance(record, dict) or record.get("key") != self.key:
+            return None, None
+        recorded = record.get("output_sha256")
+        changed = self.output / STATE_FILE if self.output.is_dir() and not is_minari_folder(self.output) \
+            else self.output
+        if not isinstance(recorded, str):
+            return None, f"its record ({path}) holds no content hash of {changed} (an older aa-ray wrote it)"
+        found = output_digest(self.output)
+        if found != recorded:
+            return None, (f"{changed} changed since the stage ended (sha256 {found[:12]}..., recorded "
+                          f"{recorded[:12]}...)")
+        return record, None
+
+    def move_aside(self) -> Path:
+        """Move the stage's folder out of the way of a new run of it; returns where it went."""
+        aside = self.folder.with_name(f"{self.folder.name}.changed-{datetime.now().strftime('%Y%m%dT%H%M%S')}")
+        self.folder.rename(aside)
+        return aside
 
     def bundles(self) -> list[dict[str, float]]:
         return stage_bundles(self.stage, self.spec)
@@ -137,6 +170,7 @@ class StagePlan:
             return {
                 **shown, "spec": spec_raw, "episodes": self.stage.episodes,
                 "checkpoint": str(self.checkpoint) if self.checkpoint else None, "scripted": self.stage.scripted,
+                "checkpoint_sha256": self.checkpoint_sha256,
                 "deterministic": self.stage.deterministic, "tracking": tracking, "format": self.stage.format,
                 "dataset_id": self.dataset_id,
                 # a Minari dataset goes under its root, by id; a Parquet one is the file itself
@@ -190,7 +224,7 @@ def run_pipeline(pipeline: Pipeline, force: bool = False, track: bool = True, re
     session = TuneSession("pipeline's running stage")
     storage = None
     status, ending = "FAILED", "failed"  # how the parent run and pipeline.json end, unless told otherwise
-    outputs: dict[str, Path] = {}
+    outputs: dict[str, StageOutput] = {}
     stages: dict[str, dict[str, Any]] = {}
     stopped = None
     write_state(root / PIPELINE_FILE, parent_run_id=parent.run_id if parent else None, status="running")
@@ -205,7 +239,10 @@ def run_pipeline(pipeline: Pipeline, force: bool = False, track: bool = True, re
             plan = StagePlan(pipeline, stage_name, outputs, root)
             tags = {"aa_ray.stage": stage_name, "aa_ray.stage_key": plan.key}
             run_name = f"{name}:{stage_name}"
-            record = None if force else plan.completed_record()
+            record, changed = (None, None) if force else plan.completed_record()
+            if changed is not None:
+                report(f"stage {stage_name}: not reused: {changed}; its folder was moved to {plan.move_aside()}, "
+                       "and the stage runs again")
             if record is not None and plan.key in done:
                 report(f"stage {stage_name}: finished earlier in this parent run (key {plan.key}): {plan.output}")
                 stages[stage_name] = {"status": "finished earlier", "output": str(plan.output),
@@ -240,12 +277,12 @@ def run_pipeline(pipeline: Pipeline, force: bool = False, track: bool = True, re
                     break
                 run_id = _child_run_id(parent, plan.key)
                 plan.folder.mkdir(parents=True, exist_ok=True)
-                (plan.folder / RECORD_FILE).write_text(json.dumps({
-                    "key": plan.key, "stage": stage_name, "kind": plan.stage.kind, "output": str(plan.output),
-                    "finished": datetime.now().isoformat(timespec="seconds"), "mlflow_run_id": run_id,
-                }, indent=1))
+                record = {"key": plan.key, "stage": stage_name, "kind": plan.stage.kind, "output": str(plan.output),
+                          "output_sha256": output_digest(plan.output),
+                          "finished": datetime.now().isoformat(timespec="seconds"), "mlflow_run_id": run_id}
+                (plan.folder / RECORD_FILE).write_text(json.dumps(record, indent=1))
                 stages[stage_name] = {"status": "ran", "output": str(plan.output), "mlflow_run_id": run_id}
-            outputs[stage_name] = plan.output
+            outputs[stage_name] = StageOutput(plan.output, record["output_sha256"])
         status = "KILLED" if stopped else "FINISHED"
         ending = "preempted" if stopped else "finished"
         return {"stages": stages, "root": str(root), "parent_run_id": parent.run_id if parent else None,

@@ -129,8 +129,9 @@ def rollout_trial(config: dict[str, Any]) -> None:
     summary = rollout(
         spec, config["out"], config["episodes"], checkpoint=config["checkpoint"], scripted=config["scripted"],
         deterministic=config["deterministic"], report=print, dataset_format=config.get("format", "parquet"),
-        # the policy is a train stage's of this pipeline, and a dataset already at `out` is this stage's own
-        dataset_id=config.get("dataset_id"), trust_code=True, overwrite=True,
+        # the policy is a train stage's of this pipeline, read only if its state file still has the hash the
+        # stage recorded; a dataset already at `out` is this stage's own
+        dataset_id=config.get("dataset_id"), checkpoint_sha256=config.get("checkpoint_sha256"), overwrite=True,
     )
     tracking = config["tracking"]
     if tracking and tracking["parent_run_id"] is not None:  # rollouts are recorded in MLflow only
