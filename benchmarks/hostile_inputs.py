@@ -79,8 +79,9 @@ def run_case(case: str, argv: list[str], cwd: Path, marker: Path, watch: Path | 
                    round(time.perf_counter() - started, 1), expect)
 
 
-def planted_checkpoint(scratch: Path, marker: Path) -> Path:
-    """A real pusher-reach checkpoint whose stored spec makes the env with os.system."""
+def planted_checkpoint(scratch: Path, marker: Path, env: dict | None = None, name: str = "theirs_ckpt") -> Path:
+    """A real pusher-reach checkpoint whose stored spec's env section was updated with `env` (default:
+    make the env with os.system), edited as an attacker would, with torch alone."""
     from aa_ray.records import CheckpointParts, DriverCheckpoint, RunCounters
     from aa_ray.runtime.checkpoint import STATE_FILE, save_checkpoint
     from aa_ray.runtime.learner import Learner
@@ -89,11 +90,78 @@ def planted_checkpoint(scratch: Path, marker: Path) -> Path:
     spec = load_spec(SPECS / "sac.yaml", SMALL)
     state = CheckpointParts(learner=Learner(spec, 10, 2).state_dict(),
                             driver=DriverCheckpoint(RunCounters(0, 0, 0, next_eval=1000), [], [], {}))
-    folder = save_checkpoint(scratch / "theirs_ckpt", spec, state)
-    payload = torch.load(folder / STATE_FILE, weights_only=True)
-    payload["spec"]["env"].update(entry_point="os:system", kwargs={"command": f"touch {marker}"})
-    torch.save(payload, folder / STATE_FILE)
+    folder = save_checkpoint(scratch / name, spec, state)
+    plant_spec(folder / STATE_FILE, env or {"entry_point": "os:system", "kwargs": {"command": f"touch {marker}"}})
     return folder
+
+
+def plant_spec(state_file: Path, env: dict) -> None:
+    payload = torch.load(state_file, weights_only=True)
+    payload["spec"]["env"].update(env)
+    torch.save(payload, state_file)
+
+
+def marker_package(scratch: Path, marker: Path) -> Path:
+    """A package whose import runs the planted command."""
+    package = scratch / "marker_pkgs" / "marker_mod"
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").write_text(f"import os\nos.system('touch {marker}')\nMIRROR = {{}}\n")
+    return package
+
+
+def logged_model_uris(scratch: Path, marker: Path) -> tuple[Path, dict[str, str]]:
+    """An MLflow store in `scratch` (mlflow.db, its artifacts beside it) holding a run that logged a
+    policy model whose checkpoint's spec makes the env through aa-ray's own module and os.system, the
+    model registered as `theirs`: the model folder and the runs:/ and models:/ URIs."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from aa_ray.runtime.checkpoint import MODEL_POLICY_FOLDER, STATE_FILE, policy_only, save_checkpoint
+    from aa_ray.runtime.learner import Learner
+    from aa_ray.spec.loader import load_spec
+    from aa_ray.tracking.models import save_policy_model
+
+    spec = load_spec(SPECS / "sac.yaml", SMALL)
+    policy = Learner(spec, 10, 2).algo.policy_state()
+    folder = scratch / "theirs_own_prefix_model"
+    save_policy_model(spec, policy, folder, "policy", 0)
+    save_checkpoint(folder / MODEL_POLICY_FOLDER, spec, policy_only(policy))
+    plant_spec(folder / MODEL_POLICY_FOLDER / STATE_FILE,
+               {"entry_point": "aa_ray.envs.source:os.system", "kwargs": {"command": f"touch {marker}"}})
+    here = Path.cwd()
+    os.chdir(scratch)  # the store's default artifact root is beside it
+    try:
+        mlflow.set_tracking_uri(f"sqlite:///{scratch / 'mlflow.db'}")
+        with mlflow.start_run() as run:
+            mlflow.log_artifacts(str(folder), "policy")
+        client = MlflowClient()
+        client.create_registered_model("theirs")
+        client.create_model_version("theirs", source=f"runs:/{run.info.run_id}/policy", run_id=run.info.run_id)
+    finally:
+        os.chdir(here)
+    return folder, {"runs:/": f"runs:/{run.info.run_id}/policy", "models:/": "models:/theirs/1"}
+
+
+def replaced_stage_checkpoint(scratch: Path, marker: Path) -> Outcome:
+    """Issue 55's third route: a train -> rollout pipeline ran; the train stage's final checkpoint is
+    replaced by one whose spec imports a planted module; the same pipeline runs again. The replaced
+    file must not be reused or read (its stage runs again), and the module must not be imported."""
+    package = marker_package(scratch, marker)
+    pipeline = scratch / "pipeline.yaml"
+    tiny = {"algo.actor_hidden_dims": [32, 32], "algo.critic_hidden_dims": [32, 32], "checkpoint.every_env_steps": None,
+            "runtime.backend": "inline", "eval.every_env_steps": 500, "eval.episodes": 1, "tracking.log_model": False}
+    pipeline.write_text(json.dumps({"name": "replaced", "stages": {
+        "t": {"kind": "train", "spec": str(SPECS / "ppo.yaml"), "set": {**tiny, "budget.env_steps": 1024,
+                                                                          "runtime.output_dir": str(scratch / "runs")}},
+        "r": {"kind": "rollout", "policy": "t.checkpoint", "episodes": 2}}}))
+    argv = ["pipeline", str(pipeline), "--no-track"]
+    first = subprocess.run([AA_RAY, *argv], cwd=scratch, capture_output=True, text=True, timeout=900)
+    if first.returncode != 0:
+        raise RuntimeError(f"the pipeline's first run failed: {first.stderr[-2000:]}")
+    (final,) = (scratch / "runs" / "pipelines" / "replaced").glob("t-*/checkpoints/final")
+    plant_spec(final / "state.pt", {"imports": ["marker_mod"], "py_modules": [str(package)]})
+    return run_case("pipeline run again after its train stage's checkpoint was replaced (reruns the stage)",
+                    argv, scratch, marker, expect=0)
 
 
 def planted_model(scratch: Path, marker: Path) -> Path:
@@ -191,6 +259,43 @@ def cases(scratch: Path, smoke: bool = False) -> list[Outcome]:
           "--plain", "--resume", str(ckpt)])
     case("MLflow model whose pyfunc loader runs a command (eval MODEL: evaluates, runs none of it)",
          ["eval", str(model), "--episodes", "1"], expect=0)
+    # 1b. issue 55's routes: aa-ray's own module prefix with a dotted walk, bytes values, and where they hide
+    if not smoke:
+        dotted = planted_checkpoint(scratch, marker, {"entry_point": "aa_ray.envs.source:os.system",
+                                                      "kwargs": {"command": f"touch {marker}"}}, "own_prefix_ckpt")
+        for command, extra in (("eval", []), ("export", ["--format", "onnx", "--out", str(scratch / "p.onnx")])):
+            case(f"checkpoint whose spec names aa_ray.envs.source:os.system ({command})",
+                 [command, str(dotted), *extra])
+        subprocess_run = planted_checkpoint(scratch, marker, {
+            "entry_point": "aa_ray.tracking.mlflow_tracker:subprocess.run", "kwargs": {"args": ["touch", str(marker)]}},
+            "own_prefix_subprocess_ckpt")
+        case("checkpoint whose spec names aa_ray.tracking.mlflow_tracker:subprocess.run (eval)",
+             ["eval", str(subprocess_run)])
+        aborts = planted_checkpoint(scratch, marker, {"mirror": "aa_ray.envs.source:os.abort"},
+                                    "own_prefix_mirror_ckpt")
+        case("checkpoint whose env.mirror is aa_ray.envs.source:os.abort (eval)", ["eval", str(aborts)])
+        model_folder, uris = logged_model_uris(scratch, marker)
+        store = {"MLFLOW_TRACKING_URI": f"sqlite:///{scratch / 'mlflow.db'}"}
+        case("MLflow model folder whose policy names aa_ray.envs.source:os.system (eval)",
+             ["eval", str(model_folder)])
+        for kind, uri in uris.items():
+            case(f"{kind} URI of that model (eval)", ["eval", uri], env=store)
+        package = marker_package(scratch, marker)
+        for name, env in (("env.entry_point b'os:system'",
+                           {"entry_point": b"os:system", "kwargs": {"command": f"touch {marker}"}}),
+                          ("env.imports [b'marker_mod'], env.py_modules [its folder]",
+                           {"imports": [b"marker_mod"], "py_modules": [str(package)]}),
+                          ("env.py_modules [b'<folder>']",
+                           {"imports": ["marker_mod"], "py_modules": [str(package).encode()]}),
+                          ("env.id b'marker_mod:X-v0'", {"id": b"marker_mod:X-v0", "py_modules": [str(package)]})):
+            bytes_ckpt = planted_checkpoint(scratch, marker, env, f"bytes_{len(results)}_ckpt")
+            case(f"checkpoint whose spec holds {name} (eval)", ["eval", str(bytes_ckpt)])
+            if "imports" in env:
+                case(f"checkpoint whose spec holds {name} (rollout --checkpoint)",
+                     ["rollout", str(SPECS / "sac.yaml"), *sets(*SMALL), "--checkpoint", str(bytes_ckpt),
+                      "--episodes", "1", "--out", str(scratch / "r.parquet")])
+        results.append(replaced_stage_checkpoint(scratch, marker))
+        print(f"{results[-1].exit_code:>3}  {results[-1].case}", file=sys.stderr, flush=True)
     # 2. secrets
     case("tracking URI foo://alice:Pa(ssW0rd@host/x (the password must not be printed)",
          ["run", str(spec), "--set", "tracking.enabled=true"],

@@ -226,3 +226,54 @@ def test_a_pickled_extension_type_in_a_parquet_dataset_does_not_run(tmp_path: Pa
     assert not marker.exists()
     np.testing.assert_equal(pq.read_table(tmp_path / "theirs.parquet").column("obs").to_pylist(), [b"x"])
     assert not marker.exists()
+
+
+def test_import_object_resolves_only_a_name_its_module_defines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No attribute path, no module, no callable the module merely imported: the walk out of an allowed
+    module that ran `os.system` from `aa_ray.envs.source:os.system`. `__all__` makes an import the module's own."""
+    from aa_ray.envs.source import EnvSourceError, import_object
+
+    env = type("Env", (), {"py_modules": ()})()
+    refused = {"aa_ray.envs.source:os.system": "not one name", "aa_ray.envs.source:os": "module 'os'",
+               "aa_ray.envs.source:what_user_code_did": "defined in module 'aa_ray.errors'",
+               "aa_ray.tracking.mlflow_tracker:subprocess": "module 'subprocess'"}
+    for path, said in refused.items():
+        with pytest.raises(EnvSourceError, match=said):
+            import_object(path, "env.entry_point", env, "Env")
+    from aa_ray.errors import what_user_code_did
+
+    assert import_object("aa_ray.errors:what_user_code_did", "env.entry_point", env, "Env") is what_user_code_did
+    package = tmp_path / "reexports"
+    package.mkdir()
+    (package / "__init__.py").write_text("from os.path import join\nfrom aa_ray.errors import clip\n"
+                                         "__all__ = ['join']\nTABLE = {'a': 1}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert import_object("reexports:join", "env.mirror", env, "M") is os.path.join  # listed in __all__
+    assert import_object("reexports:TABLE", "env.mirror", env, "M") == {"a": 1}  # data bound there
+    with pytest.raises(EnvSourceError, match="imports rather than defines"):
+        import_object("reexports:clip", "env.mirror", env, "M")
+
+
+@pytest.mark.parametrize(("field", "value"), [("entry_point", b"os:system"), ("imports", [b"their_pkg"]),
+                                              ("py_modules", b"/tmp/x"), ("id", b"their_pkg:X-v0"), ("mirror", 3)])
+def test_a_stored_spec_naming_code_by_anything_but_a_string_is_damaged(checkpoint: Path, tmp_path: Path,
+                                                                     field: str, value: object) -> None:
+    folder, marker = planted(checkpoint, tmp_path, lambda spec, marker: spec["env"].update({field: value}))
+    with pytest.raises(CheckpointError, match=f"damaged .* env.{field} holds {type(value).__name__}"):
+        load_checkpoint(folder)
+    assert not marker.exists()
+
+
+def test_a_checkpoint_read_by_its_recorded_hash_is_refused_once_replaced(checkpoint: Path, tmp_path: Path) -> None:
+    """What a pipeline's rollout stage does with its train stage's checkpoint: it trusts the file only
+    while it has the hash the stage recorded, so a replaced one is named and nothing it names is imported."""
+    from aa_ray.rollout.job import policy_from_checkpoint
+    from aa_ray.tune.pipeline import file_digest
+
+    recorded = file_digest(checkpoint / STATE_FILE)
+    replaced, marker = planted(checkpoint, tmp_path, with_imports)
+    with pytest.raises(CheckpointError, match="changed since it was written"):
+        policy_from_checkpoint(SPEC, replaced, sha256=recorded)
+    assert not marker.exists() and "their_pkg" not in sys.modules
+    spec, state = policy_from_checkpoint(SPEC, checkpoint, sha256=recorded)  # the file it recorded
+    assert spec.env.id == SPEC.env.id and state

@@ -49,27 +49,40 @@ def plant_package(root: Path, marker: Path) -> Path:
 def routes(marker: Path, package: Path) -> dict[str, Callable[[Callable[[str], Any]], dict[str, Any]]]:
     """Each route as the edit of the stored spec's sections, given how a name is spelled (`spell`: as a
     str, as bytes, or as a list holding it). A command that runs touches `marker`."""
-    touch = f"touch {marker}"
-    return {
-        "entry_point os:system": lambda s: {"env": {"entry_point": s("os:system"), "kwargs": {"command": touch}}},
-        "entry_point own module, dotted os.system": lambda s: {"env": {
-            "entry_point": s("aa_ray.envs.source:os.system"), "kwargs": {"command": touch}}},
-        "entry_point own module, dotted subprocess.run": lambda s: {"env": {
-            "entry_point": s("aa_ray.tracking.mlflow_tracker:subprocess.run"), "kwargs": {"args": ["touch", str(marker)]}}},
-        "entry_point own function that imports": lambda s: {"env": {
-            "entry_point": s("aa_ray.envs.source:import_module"), "kwargs": {"name": PLANTED, "field": "x", "env": None}}},
-        "entry_point own controller": lambda s: {"env": {"entry_point": s("aa_ray.envs.pusher_reach:scripted_action")}},
-        "entry_point own prefix, planted module": lambda s: {"env": {"entry_point": s(f"{PLANTED}:make_env")}},
-        "imports": lambda s: {"env": {"imports": [s(PLANTED)]}},
-        "imports beside an own module": lambda s: {"env": {"imports": ["aa_ray.envs", s(PLANTED)]}},
-        "py_modules": lambda s: {"env": {"py_modules": [s(str(package))]}},
-        "module:id": lambda s: {"env": {"id": s(f"{PLANTED}:Their-v0")}},
-        "own module:id": lambda s: {"env": {"id": s("aa_ray.envs.source:os")}},
-        "mirror": lambda s: {"env": {"mirror": s(f"{PLANTED}:MIRROR")}},
-        "mirror own module, dotted": lambda s: {"env": {"mirror": s("aa_ray.envs.source:os.getpid")}},
-        "plugin": lambda s: {"algo": {"name": "their_algo", "plugin": s(PLANTED)}},
-        "plugin by installed name": lambda s: {"algo": {"name": s("their_installed_algo")}},
+    command = {"command": f"touch {marker}"}
+    # (section, field, the name, the section's other fields)
+    named: dict[str, tuple[str, str, str, dict[str, Any]]] = {
+        "entry_point os:system": ("env", "entry_point", "os:system", {"kwargs": command}),
+        "entry_point own module, dotted os.system": ("env", "entry_point", "aa_ray.envs.source:os.system",
+                                                     {"kwargs": command}),
+        "entry_point own module, dotted subprocess.run": ("env", "entry_point",
+                                                          "aa_ray.tracking.mlflow_tracker:subprocess.run",
+                                                          {"kwargs": {"args": ["touch", str(marker)]}}),
+        "entry_point own function that imports": ("env", "entry_point", "aa_ray.envs.source:import_module",
+                                                  {"kwargs": {"name": PLANTED, "field": "x", "env": None}}),
+        "entry_point own controller": ("env", "entry_point", "aa_ray.envs.pusher_reach:scripted_action", {}),
+        "entry_point planted module": ("env", "entry_point", f"{PLANTED}:make_env", {}),
+        "module:id": ("env", "id", f"{PLANTED}:Their-v0", {}),
+        "own module:id": ("env", "id", "aa_ray.envs.source:os", {}),
+        "mirror": ("env", "mirror", f"{PLANTED}:MIRROR", {}),
+        "mirror own module, dotted": ("env", "mirror", "aa_ray.envs.source:os.getpid", {}),
+        "plugin": ("algo", "plugin", PLANTED, {"name": "their_algo"}),
+        "plugin by installed name": ("algo", "name", "their_installed_algo", {}),
     }
+    listed: dict[str, tuple[str, list[str], str]] = {  # fields that hold lists: (field, names before it, name)
+        "imports": ("imports", [], PLANTED),
+        "imports beside an own module": ("imports", ["aa_ray.envs"], PLANTED),
+        "py_modules": ("py_modules", [], str(package)),
+    }
+    edits: dict[str, Callable[[Callable[[str], Any]], dict[str, Any]]] = {
+        route: (lambda spell, section=section, field=field, name=name, rest=rest:
+                {section: {**rest, field: spell(name)}})
+        for route, (section, field, name, rest) in named.items()
+    }
+    edits |= {route: (lambda spell, field=field, before=before, name=name:
+                      {"env": {field: [*before, spell(name)]}})
+              for route, (field, before, name) in listed.items()}
+    return edits
 
 
 SPELLINGS: dict[str, Callable[[str], Any]] = {

@@ -5,6 +5,7 @@ end to end, with a killed trial and a SIGTERM: test_sweep_resume.py.)"""
 from __future__ import annotations
 
 import itertools
+import shutil
 import traceback
 from pathlib import Path
 
@@ -127,15 +128,26 @@ def test_a_failing_stage_stops_the_pipeline_and_keeps_earlier_outputs(tmp_path: 
                   "set": {**TINY_SAC, "env.kwargs": {"no_such_argument": 1}, "runtime.backend": "inline"}},
     }})
     """The failed stage is named, the completed one keeps its output and is reused by the next
-    invocation (which fails at the same stage again); --force reruns it."""
+    invocation (which fails at the same stage again) while the output still has the hash recorded
+    when the stage ended; a replaced output is named and its stage runs again; --force reruns it."""
+    root = tmp_path / "runs" / "pipelines" / "broken"
     messages: list[str] = []
-    for force in (False, False, True):
+    for invocation in ("first", "reuse", "replaced", "force"):
+        if invocation == "replaced":
+            (dataset,) = root.glob("demos-*/dataset.parquet")
+            shutil.copyfile(dataset, tmp_path / "kept.parquet")
+            dataset.write_bytes(dataset.read_bytes() + b"\0")
         with pytest.raises(PipelineError, match="stage 'train' \\(train\\) failed: .*no_such_argument") as failure:
-            run_pipeline(load_pipeline(pipeline_file), force=force, track=False, report=messages.append)
+            run_pipeline(load_pipeline(pipeline_file), force=invocation == "force", track=False,
+                         report=messages.append)
         assert "Completed stages keep their outputs" in str(failure.value)
     demos = [m.split(":")[1].split()[0] for m in messages if m.startswith("stage demos")]
-    assert demos == ["running", "reused,", "running"]
-    assert len(list((tmp_path / "runs" / "pipelines" / "broken").glob("demos-*/dataset.parquet"))) == 1
+    assert demos == ["running", "reused,", "not", "running", "running"]
+    (changed,) = [m for m in messages if "not reused" in m]
+    assert "dataset.parquet changed since the stage ended" in changed and ".changed-" in changed
+    (aside,) = root.glob("demos-*.changed-*/dataset.parquet")  # kept as it was found, not deleted
+    assert aside.read_bytes() == (tmp_path / "kept.parquet").read_bytes() + b"\0"
+    assert len(list(root.glob("demos-*/dataset.parquet"))) == 2
 
 
 @pytest.mark.parametrize(("document", "message"), [

@@ -135,7 +135,7 @@ def every_named_code(raw: Mapping[str, Any]) -> list[NamedCode]:
                                "with env.kwargs to make the env"))
     for module in _strings(env.get("imports")):
         found.append(NamedCode("env.imports", module, f"imports module {module!r}"))
-    for env_id in _strings(env.get("id")):
+    for env_id in _strings(env.get("id")) if env.get("entry_point") is None else []:  # else only a label
         if ":" in env_id:
             found.append(NamedCode("env.id", env_id, f"imports module {_module_of(env_id)!r}"))
     for mirror in _strings(env.get("mirror")):

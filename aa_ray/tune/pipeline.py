@@ -9,8 +9,9 @@ reruns), but only while its output still has the content hash the record took wh
 ended: an output changed since (a replaced checkpoint) is named, its folder is moved aside
 (`<stage>-<key>.changed-<time>`) and the stage runs again. A later stage gets an earlier one's
 output with that recorded hash, and a rollout stage reads its policy's checkpoint only if the file
-still has it (`load_checkpoint(..., sha256=...)`): no stage trusts a file it did not verify. A failing stage stops the pipeline; the completed stages keep their outputs, so the next
-invocation starts at the stage that failed.
+still has it (`load_checkpoint(..., sha256=...)`): no stage trusts a file it did not verify. A
+failing stage stops the pipeline; the completed stages keep their outputs, so the next invocation
+starts at the stage that failed.
 
 SIGTERM or SIGINT stops the running stage as a sweep's trials are stopped (`session.TuneSession`):
 its child run and the parent end KILLED with the stop reason, no later stage starts, and
