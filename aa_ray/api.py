@@ -29,6 +29,7 @@ import contextlib
 import io
 import logging
 import os
+import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -314,7 +315,8 @@ def _checkpoint_folder(source: str | Path) -> Iterator[Path]:
             from mlflow.exceptions import MlflowException
 
             try:
-                folder = Path(mlflow.artifacts.download_artifacts(artifact_uri=str(source), dst_path=scratch))
+                with _progress_bar_on_a_terminal_only():
+                    folder = Path(mlflow.artifacts.download_artifacts(artifact_uri=str(source), dst_path=scratch))
             except (MlflowException, OSError) as err:
                 raise CheckpointError(f"MLflow model {source} cannot be downloaded: {str(err).splitlines()[0]}") \
                     from None
@@ -329,6 +331,21 @@ def _checkpoint_folder(source: str | Path) -> Iterator[Path]:
                 )
             folder = inside
         yield folder
+
+
+@contextlib.contextmanager
+def _progress_bar_on_a_terminal_only() -> Iterator[None]:
+    """MLflow draws a progress bar for every download: on a terminal it shows a long one moving; in a
+    log or a pipe it is lines of noise around aa-ray's own messages. Off there while the block runs."""
+    variable = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    if sys.stderr.isatty() or variable in os.environ:
+        yield
+        return
+    os.environ[variable] = "false"
+    try:
+        yield
+    finally:
+        os.environ.pop(variable, None)
 
 
 def _onnx_bytes(module: Any, example: Any) -> bytes:

@@ -142,10 +142,14 @@ def logged_model_uris(scratch: Path, marker: Path) -> tuple[Path, dict[str, str]
     return folder, {"runs:/": f"runs:/{run.info.run_id}/policy", "models:/": "models:/theirs/1"}
 
 
-def replaced_stage_checkpoint(scratch: Path, marker: Path) -> Outcome:
-    """Issue 55's third route: a train -> rollout pipeline ran; the train stage's final checkpoint is
-    replaced by one whose spec imports a planted module; the same pipeline runs again. The replaced
-    file must not be reused or read (its stage runs again), and the module must not be imported."""
+REPLACED_STAGE = "pipeline run again after its train stage's checkpoint was replaced (reruns the stage)"
+
+
+def replaced_stage_checkpoint(scratch: Path, marker: Path) -> list[str]:
+    """Issue 55's third route: a train -> rollout pipeline ran, then the train stage's final checkpoint
+    was replaced by one whose spec imports a planted module. Returns the command that runs the same
+    pipeline again, which must not reuse or read the replaced file (its stage runs again) and must
+    not import the module."""
     package = marker_package(scratch, marker)
     pipeline = scratch / "pipeline.yaml"
     tiny = {"algo.actor_hidden_dims": [32, 32], "algo.critic_hidden_dims": [32, 32], "checkpoint.every_env_steps": None,
@@ -160,8 +164,7 @@ def replaced_stage_checkpoint(scratch: Path, marker: Path) -> Outcome:
         raise RuntimeError(f"the pipeline's first run failed: {first.stderr[-2000:]}")
     (final,) = (scratch / "runs" / "pipelines" / "replaced").glob("t-*/checkpoints/final")
     plant_spec(final / "state.pt", {"imports": ["marker_mod"], "py_modules": [str(package)]})
-    return run_case("pipeline run again after its train stage's checkpoint was replaced (reruns the stage)",
-                    argv, scratch, marker, expect=0)
+    return argv
 
 
 def planted_model(scratch: Path, marker: Path) -> Path:
@@ -216,7 +219,7 @@ def mounted_small_disk(scratch: Path) -> Path | None:
 SMOKE_CASES = ("checkpoint whose spec names os:system (eval)", "mirror that raises")
 
 
-def cases(scratch: Path, smoke: bool = False) -> list[Outcome]:
+def cases(scratch: Path, smoke: bool = False, only: tuple[str, ...] = ()) -> list[Outcome]:
     marker = scratch / "planted_command_ran"
     ckpt = planted_checkpoint(scratch, marker)
     model = planted_model(scratch, marker)
@@ -240,8 +243,11 @@ def cases(scratch: Path, smoke: bool = False) -> list[Outcome]:
     dataset = scratch / "existing.parquet"
     results: list[Outcome] = []
 
+    def wanted(name: str) -> bool:
+        return not (smoke and name not in SMOKE_CASES or only and not any(part in name for part in only))
+
     def case(name: str, argv: list[str], **kwargs: object) -> None:
-        if smoke and name not in SMOKE_CASES:
+        if not wanted(name):
             return
         results.append(run_case(name, argv, scratch, marker=marker, **kwargs))
         print(f"{results[-1].exit_code:>3}  {name}", file=sys.stderr, flush=True)
@@ -281,21 +287,21 @@ def cases(scratch: Path, smoke: bool = False) -> list[Outcome]:
         for kind, uri in uris.items():
             case(f"{kind} URI of that model (eval)", ["eval", uri], env=store)
         package = marker_package(scratch, marker)
+        folder = str(package).encode()
         for name, env in (("env.entry_point b'os:system'",
                            {"entry_point": b"os:system", "kwargs": {"command": f"touch {marker}"}}),
-                          ("env.imports [b'marker_mod'], env.py_modules [its folder]",
-                           {"imports": [b"marker_mod"], "py_modules": [str(package)]}),
-                          ("env.py_modules [b'<folder>']",
-                           {"imports": ["marker_mod"], "py_modules": [str(package).encode()]}),
-                          ("env.id b'marker_mod:X-v0'", {"id": b"marker_mod:X-v0", "py_modules": [str(package)]})):
+                          ("env.imports [b'marker_mod'], env.py_modules [b'<its folder>']",
+                           {"imports": [b"marker_mod"], "py_modules": [folder]}),
+                          ("env.id b'marker_mod:X-v0', env.py_modules [b'<its folder>']",
+                           {"id": b"marker_mod:X-v0", "py_modules": [folder]})):
             bytes_ckpt = planted_checkpoint(scratch, marker, env, f"bytes_{len(results)}_ckpt")
             case(f"checkpoint whose spec holds {name} (eval)", ["eval", str(bytes_ckpt)])
             if "imports" in env:
                 case(f"checkpoint whose spec holds {name} (rollout --checkpoint)",
                      ["rollout", str(SPECS / "sac.yaml"), *sets(*SMALL), "--checkpoint", str(bytes_ckpt),
                       "--episodes", "1", "--out", str(scratch / "r.parquet")])
-        results.append(replaced_stage_checkpoint(scratch, marker))
-        print(f"{results[-1].exit_code:>3}  {results[-1].case}", file=sys.stderr, flush=True)
+        if wanted(REPLACED_STAGE):
+            case(REPLACED_STAGE, replaced_stage_checkpoint(scratch, marker), expect=0)
     # 2. secrets
     case("tracking URI foo://alice:Pa(ssW0rd@host/x (the password must not be printed)",
          ["run", str(spec), "--set", "tracking.enabled=true"],
@@ -362,9 +368,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "hostile_inputs.json")
     parser.add_argument("--smoke", action="store_true", help=f"only the cases {SMOKE_CASES} (what CI runs)")
+    parser.add_argument("--only", nargs="+", default=(), metavar="TEXT",
+                        help="only the cases whose name contains one of these texts")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="aa-ray-hostile-") as scratch:
-        outcomes = cases(Path(scratch), args.smoke)
+        outcomes = cases(Path(scratch), args.smoke, tuple(args.only))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps([{**asdict(o), "handled": o.handled} for o in outcomes], indent=1))
     print("| case | exit | one message | code ran | secret shown | left behind | handled | seconds |\n"

@@ -119,7 +119,7 @@ def import_object(path: str, field: str, env: EnvSource, what: str) -> Any:
 
 def _defined_in(module: Any, name: str, target: Any) -> bool:
     """Whether `module.name` is the module's own and not a module: listed in its `__all__`, or, for a
-    class or function, defined there (its `__module__`), or a value that is neither a module nor callable (a mirror's
+    class or function, defined there (its `__module__`), or a value that is not callable (a mirror's
     mapping, a dataclass instance: data the caller checks, which cannot be told apart from an import)."""
     if inspect.ismodule(target):
         return False

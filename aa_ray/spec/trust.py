@@ -8,8 +8,8 @@ colleague's run folder, a download) and names code the user never saw: validatin
 env, would import that code.
 
 So a stored spec's code is imported only if it is allowed by name, exactly: the same string in the
-same field of the user's own spec, or an entry of `AA_RAYS_OWN`, the table of aa-ray's own envs and
-algorithms. There is no prefix rule and no list of what may be dangerous: anything not on the list
+same field of the user's own spec, or an entry of aa-ray's own table (`aa_rays_own`: its env classes
+and algorithms). There is no prefix rule and no list of what may be dangerous: anything not on the list
 needs the user's opt-in (`--trust-code`, `trust_code=True`, as transformers' `trust_remote_code`).
 The refusal lists exactly what would have been imported, and nothing has been imported when it is
 raised: `named_code` reads the raw dict, before pydantic (whose validators import).
