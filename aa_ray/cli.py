@@ -140,6 +140,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     pipeline.add_argument("--no-track", action="store_true", help="do not record the pipeline in MLflow")
 
+    commands.add_parser("robots", help="list the robot tasks this install can train (EnvPool's ports of MuJoCo "
+                        "Playground's): observation groups, actions, control rate, episode length, reward terms")
+
     report = commands.add_parser("report", help="compare runs from the MLflow store: curves (PNG, HTML) and a table")
     chosen = report.add_mutually_exclusive_group()
     chosen.add_argument("--experiment", help="every training run of this MLflow experiment (default: aa-ray)")
@@ -195,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         return _tune_command(args)
     if args.command == "report":
         return _report(args)
+    if args.command == "robots":
+        return _robots()
     if args.command in ("eval", "export"):
         return _policy_command(args)
     if args.command == "validate":
@@ -213,6 +218,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "rollout":
         return _rollout(spec, args)
     return _run(spec, args)
+
+
+def _robots() -> int:
+    from aa_ray.envs.robots import robot_table, robot_tasks
+
+    tasks = robot_tasks()
+    if not tasks:
+        return _fail("no robot task is installed: they come with EnvPool (pip install -e '.[envpool]', Linux x86-64)")
+    _say(robot_table(tasks))
+    _say(f"\n{len(tasks)} tasks. Train one with env: {{id: <env.id>, batched: envpool}} (or batched: playground and "
+         "its Playground name); the actor reads state and the critic state and privileged_state unless algo.actor_obs "
+         "and algo.critic_obs say otherwise; each reward term is logged as train/reward/<term> and eval/reward/<term>.")
+    return 0
 
 
 def _file_kind(path: str) -> str:

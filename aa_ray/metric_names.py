@@ -8,6 +8,10 @@ import re
 # and train/<key>, is a simple identifier, and none may take the name of a metric the runtime makes itself
 INFO_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_INFO_KEYS = ("return", "length", "success", "at_env_steps", "episode_return")
+# a task's reward terms (EnvPool's robot tasks report each in info["reward_<term>"] every step): each
+# episode's sum of a term becomes eval/reward/<term> and train/reward/<term>, Playground's and Isaac
+# Lab's per-episode reward-term logs
+REWARD_TERM = "reward/"
 
 # counters and throughput (the driver)
 ENV_STEPS = "env/steps"  # Tune's and the reports' time axis

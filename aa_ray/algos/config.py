@@ -27,12 +27,14 @@ class ObservationGroups(SpecModel):
     actor_obs: list[str] | None = Field(
         None,
         description="Dict observations: the keys the actor (the deployed policy) reads, e.g. [proprio, command]; "
-        "null = every key. Leave out for a flat Box env",
+        "null = every key, or [state] for observations of state and privileged_state (MuJoCo Playground's and "
+        "EnvPool's robot tasks; UniLab's obs and critic likewise). Leave out for a flat Box env",
     )
     critic_obs: list[str] | None = Field(
         None,
         description="Dict observations: the keys the critic reads, the actor's and more (privileged state, e.g. "
-        "[proprio, command, privileged]); null = the actor's keys",
+        "[proprio, command, privileged]); null = the actor's keys (with actor_obs null too: both of the "
+        "state / privileged_state pair)",
     )
 
 

@@ -56,6 +56,7 @@ from aa_ray.envs.info_metrics import SUCCESS_KEY, declared_info_metrics
 from aa_ray.envs.obs_groups import ObsLayout, ObsLayoutError, obs_layout
 from aa_ray.envs.source import EnvSourceError, import_object
 from aa_ray.errors import SpecError, what_user_code_did
+from aa_ray.metric_names import REWARD_TERM
 from aa_ray.records import ObsDims
 
 SOURCES = ("torch", "gymnasium", "envpool", "playground")
@@ -336,11 +337,15 @@ class VectorEnvAdapter(_Adapter):
       so the step it returns is a same-step one.
     Dict observations are flattened through the layout; arrays become tensors with
     `torch.from_numpy` (a copy only to convert float64 to float32, or to gather Dict groups) and
-    move to `device` (none on CPU). `state()` is None: the copies' state is not captured yet."""
+    move to `device` (none on CPU). `state()` is None: the copies' state is not captured yet.
+
+    `reward_terms` (term -> info key, a NEXT_STEP or DISABLED source's: EnvPool's robot tasks) are
+    summed over each episode's transitions and reported at its end as `reward/<term>`."""
 
     def __init__(self, envs: Any, device: str | torch.device = "cpu", *, expected_envs: int | None = None,
                  actor_obs: Sequence[str] | None = None, critic_obs: Sequence[str] | None = None,
-                 info_metrics: Sequence[str] = (), label: str | None = None, field: str = "env.entry_point"):
+                 info_metrics: Sequence[str] = (), label: str | None = None, field: str = "env.entry_point",
+                 reward_terms: Mapping[str, str] | None = None):
         label = label or type(envs).__name__
         missing = [name for name in ("num_envs", "reset", "step", "single_observation_space", "single_action_space")
                    if not hasattr(envs, name)]
@@ -367,10 +372,17 @@ class VectorEnvAdapter(_Adapter):
         self.envs = envs
         self._resetting = np.zeros(num_envs, dtype=bool)  # NEXT_STEP: copies the env resets on the next call
         self._all_valid = torch.ones(num_envs, dtype=torch.bool, device=self.device)
+        self.reward_terms = dict(reward_terms or {})
+        if self.reward_terms and self.autoreset_mode == AutoresetMode.SAME_STEP:
+            raise BatchedEnvError(f"{field}: {label!r}: reward terms are summed from a NEXT_STEP or DISABLED source's "
+                                  "info, and this one resets in the same step")
+        self.info_keys += tuple(REWARD_TERM + term for term in self.reward_terms)
+        self._term_sums = np.zeros((len(self.reward_terms), num_envs))
 
     def reset(self, seed: int) -> Tensor:
         obs, _ = self.envs.reset(seed=seed)
         self._resetting[:] = False
+        self._term_sums[:] = 0.0
         return self._tensor(self._flat(obs, "observations"))
 
     def step(self, action: Tensor) -> BatchedStep:
@@ -383,8 +395,10 @@ class VectorEnvAdapter(_Adapter):
         next_flat = flat
         valid = self._all_valid
         final_info = info
+        transitions = None  # the rows that are real transitions, where some are not
         if self.autoreset_mode == AutoresetMode.NEXT_STEP:
-            valid = self._tensor(~self._resetting)
+            transitions = ~self._resetting
+            valid = self._tensor(transitions)
             done = done & ~self._resetting
             self._resetting = done
         elif self.autoreset_mode == AutoresetMode.SAME_STEP:
@@ -399,10 +413,30 @@ class VectorEnvAdapter(_Adapter):
             flat = flat.copy()
             flat[done] = self._flat(reset_obs, "observations after a reset")[done]
         obs_tensor = self._tensor(flat)
+        episode_info = self._episode_info(final_info, done)
+        if self.reward_terms:
+            episode_info |= self._reward_term_sums(info, transitions, done)
         return BatchedStep(obs=obs_tensor, next_obs=obs_tensor if next_flat is flat else self._tensor(next_flat),
                            reward=self._tensor(np.asarray(reward, dtype=np.float32)),
                            terminated=self._tensor(terminated), truncated=self._tensor(truncated), valid=valid,
-                           episode_info=self._episode_info(final_info, done))
+                           episode_info=episode_info)
+
+    def _reward_term_sums(self, info: Mapping[str, Any], transitions: np.ndarray | None,
+                          done: np.ndarray) -> dict[str, tuple[Tensor, Tensor]]:
+        """Each reward term added up over the episodes' transitions; at the rows that ended, the sums
+        as `reward/<term>`, which then start again."""
+        try:
+            values = np.stack([np.asarray(info[key], dtype=np.float64).reshape(self.num_envs)
+                               for key in self.reward_terms.values()])
+        except (KeyError, ValueError) as err:
+            raise ValueError(f"{self.label!r}: its info lacks a reward term of one number per env ({err}); "
+                             f"expected {', '.join(self.reward_terms.values())}") from None
+        self._term_sums += values if transitions is None else values * transitions
+        ended = self._tensor(done)
+        sums = {REWARD_TERM + term: (self._tensor(self._term_sums[t].astype(np.float32)), ended)
+                for t, term in enumerate(self.reward_terms)}
+        self._term_sums[:, done] = 0.0
+        return sums
 
     def state(self) -> dict[str, Any] | None:
         return None
@@ -479,6 +513,9 @@ class EnvPoolAdapter(VectorEnvAdapter):
                     "envs from runners.envs_per_runner, batch_size equal to them); remove it."
                 )
         self.task_id = _envpool_task(task_id, envpool.list_all_envs())
+        # the robot tasks report each reward term every step, as info["reward_<term>"]
+        reward_terms = {key.removeprefix("info:reward_"): key.removeprefix("info:")
+                        for key in envpool.make_spec(self.task_id).state_array_spec if key.startswith("info:reward_")}
         self._make_pool = lambda seed: envpool.make_gymnasium(self.task_id, num_envs=num_envs, batch_size=num_envs,
                                                               seed=seed, **options)
         self._seed = 0
@@ -491,7 +528,7 @@ class EnvPoolAdapter(VectorEnvAdapter):
                 f"check the options EnvPool's {self.task_id} takes (envpool.make_spec({self.task_id!r}).config)."
             ) from err
         super().__init__(pool, device, expected_envs=num_envs, actor_obs=actor_obs, critic_obs=critic_obs,
-                         info_metrics=info_metrics, label=self.task_id, field="env.id")
+                         info_metrics=info_metrics, label=self.task_id, field="env.id", reward_terms=reward_terms)
 
     def reset(self, seed: int) -> Tensor:
         seed = int(seed) % (2**31 - self.num_envs)

@@ -67,10 +67,26 @@ class ObsLayout:
         return self.flatten(obs, self.actor_keys)
 
 
+# The field's names for an asymmetric actor-critic's two groups: (what the deployed policy reads, what
+# only the critic adds). MuJoCo Playground's tasks and EnvPool's ports of them use the first, UniLab's
+# the second. A Dict observation holding one such pair is laid out that way when the spec names no keys.
+ASYMMETRIC_GROUPS = (("state", "privileged_state"), ("obs", "critic"))
+
+
+def default_groups(keys: Sequence[str]) -> tuple[list[str], list[str]] | None:
+    """(actor keys, critic keys) for a Dict observation whose keys hold one of `ASYMMETRIC_GROUPS`'
+    pairs, else None (the actor and the critic then read every key)."""
+    for actor, critic_only in ASYMMETRIC_GROUPS:
+        if actor in keys and critic_only in keys:
+            return [actor], [actor, critic_only]
+    return None
+
+
 def obs_layout(space: gym.Space, actor_obs: Sequence[str] | None, critic_obs: Sequence[str] | None) -> ObsLayout | None:
     """The layout of a Dict observation space for the spec's key lists (None for a flat Box, which
-    needs none). ObsLayoutError naming the field for a key the env does not have, a non-Box entry, or a
-    critic that does not see the actor's keys."""
+    needs none). Lists left out read every key, or, where the keys hold one of `ASYMMETRIC_GROUPS`'
+    pairs, the pair's actor group for the actor and both for the critic. ObsLayoutError naming the
+    field for a key the env does not have, a non-Box entry, or a critic that does not see the actor's keys."""
     if not isinstance(space, gym.spaces.Dict):
         if actor_obs is not None or critic_obs is not None:
             raise ObsLayoutError(
@@ -79,6 +95,9 @@ def obs_layout(space: gym.Space, actor_obs: Sequence[str] | None, critic_obs: Se
             )
         return None
     available = list(space.spaces)
+    pair = default_groups(available)
+    if actor_obs is None and critic_obs is None and pair is not None:
+        actor_obs, critic_obs = pair
     actor = list(actor_obs) if actor_obs is not None else available
     critic = list(critic_obs) if critic_obs is not None else actor
     for field, keys in (("algo.actor_obs", actor), ("algo.critic_obs", critic)):

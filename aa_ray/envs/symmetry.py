@@ -156,6 +156,8 @@ def find_mirror(env: Any) -> Mirror | None:
                          f"env.mirror {env.mirror}")
     if env.entry_point is None and (own := mirror_for(env.id)) is not None:
         return own
+    if env.entry_point is None and getattr(env, "batched", None) in ("envpool", "playground"):
+        return None  # a task of EnvPool's or Playground's, by id: no env class of ours to declare one
     declared = (getattr(env_class(env), "metadata", None) or {}).get("mirror")
     return None if declared is None else as_mirror(declared, f"the metadata['mirror'] of env {env.id}")
 

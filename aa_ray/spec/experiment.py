@@ -27,7 +27,7 @@ from pydantic import (
 from aa_ray.algos.config import RLPDKnobs
 from aa_ray.algos.contract import RunShape
 from aa_ray.algos.registry import ALGORITHMS, find_plugin
-from aa_ray.metric_names import INFO_KEY, RESERVED_INFO_KEYS
+from aa_ray.metric_names import INFO_KEY, RESERVED_INFO_KEYS, REWARD_TERM
 from aa_ray.spec.base import SpecModel
 from aa_ray.spec.names import SafeName
 
@@ -275,14 +275,15 @@ class LearnersSpec(SpecModel):
         return self
 
 
-_EVAL_METRIC = re.compile("eval/" + INFO_KEY.pattern)
+_EVAL_METRIC = re.compile(f"eval/({REWARD_TERM})?{INFO_KEY.pattern}")
 
 
 class StopAtSpec(SpecModel):
     metric: str = Field(
         description="an eval metric: eval/return, eval/length, eval/success (where the env reports "
-        "info['is_success']), or eval/<key> of a task metric (the env's declared metadata['info_metrics'] and "
-        "eval.info_metrics). A run whose evaluation cannot produce it is refused at its start"
+        "info['is_success']), eval/<key> of a task metric (the env's declared metadata['info_metrics'] and "
+        "eval.info_metrics), or eval/reward/<term> of a robot task's reward term (its sum over an episode). A run "
+        "whose evaluation cannot produce it is refused at its start"
     )
     below: float | None = Field(None, description="stop once an evaluation's metric is below this")
     above: float | None = Field(None, description="stop once an evaluation's metric is at or above this")
