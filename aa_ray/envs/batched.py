@@ -489,8 +489,9 @@ class VectorEnvAdapter(_Adapter):
 class EnvPoolAdapter(VectorEnvAdapter):
     """EnvPool's C++ batched tasks (`pip install aa-ray[envpool]`) through its gymnasium API: a
     `VectorEnv` with next-step autoreset, in synchronous mode (`batch_size` = `num_envs`, so every
-    call returns every copy, in env order). EnvPool fixes its seeds when the pool is made, so
-    `reset(seed)` makes the pool again for a new seed (copy i gets seed + i; EnvPool takes int32
+    call returns every copy, in env order). EnvPool fixes its seeds when the pool is made, so the
+    first `reset(seed)` makes the pool (`_PoolToMake` stands in until then), and a later one makes it
+    again for a new seed (copy i gets seed + i; EnvPool takes int32
     seeds, so the seed is reduced modulo 2**31 - N; a reset with the seed the pool was made with
     makes it again too, so a seed always gives the same starts). `state()` is None: EnvPool offers no state API,
     so a resumed run restarts its episodes."""
@@ -516,28 +517,57 @@ class EnvPoolAdapter(VectorEnvAdapter):
         # the robot tasks report each reward term every step, as info["reward_<term>"]
         reward_terms = {key.removeprefix("info:reward_"): key.removeprefix("info:")
                         for key in envpool.make_spec(self.task_id).state_array_spec if key.startswith("info:reward_")}
+        self.options = options
         self._make_pool = lambda seed: envpool.make_gymnasium(self.task_id, num_envs=num_envs, batch_size=num_envs,
                                                               seed=seed, **options)
-        self._seed = 0
-        self._pool_used = False  # a pool that has been reset gives its seed's starts only once made again
-        try:
-            pool = self._make_pool(self._seed)
+        try:  # the options are checked here; the pool is made by the first reset, with its seed
+            spec = envpool.make_spec(self.task_id, num_envs=num_envs, batch_size=num_envs, **options)
         except (TypeError, ValueError, AssertionError) as err:
-            raise BatchedEnvError(
-                f"env.kwargs: EnvPool could not make {self.task_id!r} with {options} ({what_user_code_did(err)}); "
-                f"check the options EnvPool's {self.task_id} takes (envpool.make_spec({self.task_id!r}).config)."
-            ) from err
-        super().__init__(pool, device, expected_envs=num_envs, actor_obs=actor_obs, critic_obs=critic_obs,
-                         info_metrics=info_metrics, label=self.task_id, field="env.id", reward_terms=reward_terms)
+            raise self._refused(err) from err
+        super().__init__(_PoolToMake(spec, num_envs), device, expected_envs=num_envs, actor_obs=actor_obs,
+                         critic_obs=critic_obs, info_metrics=info_metrics, label=self.task_id, field="env.id",
+                         reward_terms=reward_terms)
+        self._seed: int | None = None  # the seed of the pool made last; None: none made yet
+        self._pool_used = False  # a pool that has been reset gives its seed's starts only once made again
 
     def reset(self, seed: int) -> Tensor:
         seed = int(seed) % (2**31 - self.num_envs)
         if self._pool_used or seed != self._seed:
             self.envs.close()
-            self.envs = self._make_pool(seed)
+            try:
+                self.envs = self._make_pool(seed)
+            except (TypeError, ValueError, AssertionError, RuntimeError) as err:
+                raise self._refused(err) from err
             self._seed = seed
         self._pool_used = True
         return super().reset(None)  # not the seed: EnvPool warns that reset(seed=...) is ignored
+
+    def _refused(self, err: BaseException) -> BatchedEnvError:
+        return BatchedEnvError(
+            f"env.kwargs: EnvPool could not make {self.task_id!r} with {self.options} ({what_user_code_did(err)}); "
+            f"check the options EnvPool's {self.task_id} takes (envpool.make_spec({self.task_id!r}).config)."
+        )
+
+
+class _PoolToMake:
+    """An EnvPool pool before it is made: its spaces and autoreset mode, read from its spec. EnvPool
+    fixes a pool's seeds when it is made, so the adapter makes it at the first reset, with that
+    reset's seed, rather than make one now only to close it (a robot task's pool is ~60 MB a copy
+    here, and a closed pool leaves some of it behind in the process)."""
+
+    def __init__(self, spec: Any, num_envs: int):
+        self.num_envs = num_envs
+        self.single_observation_space = spec.gymnasium_observation_space
+        self.single_action_space = spec.gymnasium_action_space
+        self.metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
+
+    def reset(self, **kwargs: Any) -> Any:
+        raise RuntimeError("an EnvPool pool is made by the adapter's first reset")
+
+    step = reset
+
+    def close(self) -> None:
+        pass
 
 
 def _side_by_side(groups: list[Tensor]) -> Tensor | None:
