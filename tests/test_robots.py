@@ -120,3 +120,37 @@ def test_ppo_trains_go1_from_its_recipe_and_logs_each_reward_term(tmp_path: Path
     policy = load_policy(result.checkpoint)
     assert policy.obs_keys == ("state",) and policy.obs_dim == 48
     assert policy.predict(np.zeros(48, np.float32)).shape == (12,)
+
+
+KILLED_FOR_MEMORY = """
+import ray
+from aa_ray.runtime.remote import ActorLost, get_results
+ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
+
+@ray.remote
+class Runner:
+    def sample(self):
+        import time
+        time.sleep(60)
+
+try:
+    get_results(Runner.remote().sample.remote())
+except ActorLost as err:
+    print("LOST", err)
+"""
+
+
+def test_an_actor_killed_for_memory_is_one_line_naming_the_node_and_its_memory() -> None:
+    """Ray's memory monitor (here told that the node is full at 1% of its memory) kills the actor; the
+    run sees one line (node, memory, the actor, what to change), not Ray's forty-line report."""
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", KILLED_FOR_MEMORY], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "RAY_memory_usage_threshold": "0.01",
+                               "RAY_memory_monitor_refresh_ms": "100"})
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("LOST")]
+    assert "killed by Ray's memory monitor: node " in line and " GB of " in line, line
+    assert "it killed Runner" in line and "runners.envs_per_runner" in line, line
+    assert "Object store memory usage" not in done.stdout

@@ -69,10 +69,26 @@ def creation_failure(error_msg: str) -> str:
     return f"{where} could not start: {name.rsplit('.', 1)[-1]}: {message}"
 
 
+def memory_kill(message: str) -> str:
+    """One line for Ray's memory monitor killing an actor: the node, its memory, the actor and what
+    it held, and what to change; `message` is Ray's own report (forty lines of object store stats)."""
+    node = re.search(r"Memory on the node \(IP: ([^,]+), ID: [^)]*\) was ([\d.]+)GB used / ([\d.]+)GB limit", message)
+    killed = re.search(r"Selected to kill: \((?:Task|Actor)[^:]*: .*?task name=([^,]+),.*?pid=(\d+), "
+                       r"actual memory used=([\d.]+)GB", message)
+    where = f"node {node[1]} was using {node[2]} GB of {node[3]} GB" if node else "its node ran low on memory"
+    who = (f"; it killed {killed[1].removesuffix('.__init__')} (pid {killed[2]}), which held {killed[3]} GB"
+           if killed else "")
+    return (f"killed by Ray's memory monitor: {where}{who}. Each env copy holds its simulator (a robot task's "
+            "about 55 MiB on EnvPool: benchmarks/robot_memory.py), so lower runners.envs_per_runner or "
+            "runners.num_runners, run on a node with more memory, or stop what else uses it")
+
+
 def describe_failure(err: Exception) -> str:
     """One line for a Ray actor's failure: its own exception, or why the actor is gone."""
     import ray
 
+    if isinstance(err, ray.exceptions.OutOfMemoryError):
+        return memory_kill(str(err))
     if isinstance(err, ray.exceptions.RayActorError) and err.actor_init_failed:
         return creation_failure(err.error_msg)
     if isinstance(err, ray.exceptions.ObjectLostError):  # also RayTaskError(ObjectLostError): an argument's
@@ -109,6 +125,8 @@ def get_results(refs: Any) -> Any:
         if err.actor_init_failed:
             raise ActorStartFailed(describe_failure(err)) from None
         raise ActorLost(describe_failure(err)) from None
+    except ray.exceptions.OutOfMemoryError as err:  # the actor was killed: lost, as one that died
+        raise ActorLost(describe_failure(err)) from None
     except ray.exceptions.ObjectLostError as err:  # before RayTaskError: a task whose argument was lost is both
         raise ObjectLost(describe_failure(err)) from None
     except ray.exceptions.RayTaskError as err:
@@ -142,7 +160,7 @@ def get_or_failure(ref: Any) -> tuple[Any, str | None]:
         if err.actor_init_failed:  # a replacement that cannot start either: replacing it again would not help
             raise ActorStartFailed(describe_failure(err)) from None
         return None, describe_failure(err)
-    except (ray.exceptions.RayTaskError, ray.exceptions.ObjectLostError) as err:
+    except (ray.exceptions.RayTaskError, ray.exceptions.ObjectLostError, ray.exceptions.OutOfMemoryError) as err:
         return None, describe_failure(err)
 
 
@@ -164,7 +182,8 @@ def get_each(refs: list[Any]) -> list[tuple[Any, str | None]]:
 
         try:
             return [(value, None) for value in ray.get(refs)]
-        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.ObjectLostError):
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.ObjectLostError,
+                ray.exceptions.OutOfMemoryError):
             pass  # one by one, to tell which failed and why
     return [get_or_failure(ref) for ref in refs]
 
