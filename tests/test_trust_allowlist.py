@@ -114,13 +114,12 @@ class Containers:
     model logged to the test's MLflow store, by `runs:/` and by registered `models:/` URI."""
 
     def __init__(self, root: Path, payload: dict[str, Any]):
-        from aa_ray.runtime.learner import Learner
         from aa_ray.tracking.models import save_policy_model
 
         self.folder = root / "checkpoint"
         self.folder.mkdir()
         model = root / "model"
-        policy = Learner(SPEC, 10, 2).algo.policy_state()
+        policy = payload["learner"]["algo"]["policy"]  # the real checkpoint's acting policy
         save_policy_model(SPEC, policy, model, "policy", 0)
         save_checkpoint(model / MODEL_POLICY_FOLDER, SPEC, policy_only(policy))
         self.model = model
