@@ -5,10 +5,12 @@ spec refuses shards where they cannot work."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+import ray
 import torch
 from test_datasets import fake_transitions, pusher_meta
 from test_inline_backend import PENDULUM, TINY, tensors
@@ -114,6 +116,16 @@ def test_the_spec_refuses_shards_it_cannot_use(spec: str, overrides: list[str], 
         load_spec(PENDULUM.with_name(spec), overrides)
 
 
+@pytest.fixture(scope="module")
+def sharded_ray() -> Iterator[None]:
+    """One Ray for the file's two Ray runs (neither kills anything), joined as `one_ray`'s (tests/conftest.py)
+    instead of each starting and stopping its own; 6 CPUs, what the larger (four runners, a learner and
+    two replay shards) would have started."""
+    ray.init(address="local", num_cpus=6, include_dashboard=False)  # never a cluster another test started
+    yield
+    ray.shutdown()
+
+
 def final_state(run_dir: Path, overrides: list[str], resume: Path | None = None):  # noqa: ANN201
     spec = load_spec(PENDULUM, [*SHARDED, *overrides])
     result = Trainer(spec, run_dir=run_dir, live=False, resume=load_checkpoint(resume) if resume else None).run()
@@ -126,6 +138,7 @@ def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     assert not differing, f"learner state differs at {differing}"
 
 
+@pytest.mark.usefixtures("sharded_ray")
 def test_a_sharded_run_repeats_on_ray_inline_and_from_a_checkpoint_of_its_shards(tmp_path: Path) -> None:
     """Four runners into two shards: Ray and inline give the same run; the inline run resumed from its
     checkpoint at 400 env steps (both shards' rows, cursors and sampling streams) ends as the whole."""
@@ -142,6 +155,7 @@ def test_a_sharded_run_repeats_on_ray_inline_and_from_a_checkpoint_of_its_shards
     assert_same(resumed_state, inline_state)
 
 
+@pytest.mark.usefixtures("sharded_ray")
 def test_an_async_rlpd_run_adds_to_its_runners_shards_and_draws_the_dataset_from_shard_0(tmp_path: Path) -> None:
     """Ray, async: each chunk goes to its runner's shard as it lands; shard 0 alone loads the dataset,
     and the learners' batches draw its rows from there (a shard without it would refuse to)."""

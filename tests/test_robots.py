@@ -23,21 +23,29 @@ from aa_ray.spec.loader import load_spec  # noqa: E402
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 TASKS = robot_tasks()
 GO1 = "Go1JoystickFlatTerrain-v1"
+# the tasks issue 56 names (robots of every kind: quadrupeds, humanoids, a hand, arms): each is made, reset
+# and stepped; the catalog test reads every task's spec, which makes no env
+NAMED = ("Go1JoystickFlatTerrain-v1", "Go1JoystickRoughTerrain-v1", "Go1Getup-v1", "Go1Handstand-v1",
+         "G1JoystickFlatTerrain-v1", "T1JoystickFlatTerrain-v1", "BerkeleyHumanoidJoystickFlatTerrain-v1",
+         "SpotFlatTerrainJoystick-v1", "H1JoystickGaitTracking-v1", "Op3Joystick-v1", "LeapCubeRotateZAxis-v1",
+         "PandaPickCube-v1", "PandaOpenCabinet-v1", "AlohaHandOver-v1")
+MADE = [task for task in TASKS if task.env_id in NAMED]
 
 
 def test_the_catalog_holds_the_robots_users_train() -> None:
     by_id = {task.env_id: task for task in TASKS}
-    for env_id in (GO1, "G1JoystickFlatTerrain-v1", "T1JoystickFlatTerrain-v1", "SpotFlatTerrainJoystick-v1",
-                   "LeapCubeRotateZAxis-v1", "PandaPickCube-v1"):
-        assert env_id in by_id, env_id
+    assert set(NAMED) <= set(by_id), set(NAMED) - set(by_id)
+    assert all(task.groups and task.act_dim and task.episode_steps and task.reward_terms for task in TASKS)
     go1 = by_id[GO1]
     assert go1.groups == (("state", 48), ("privileged_state", 123)) and go1.act_dim == 12
     assert (go1.control_hz, go1.episode_steps) == (50, 1000)
     assert {"tracking_lin_vel", "tracking_ang_vel", "feet_slip"} <= set(go1.reward_terms)
 
 
-@pytest.mark.parametrize("task", TASKS, ids=[task.env_id for task in TASKS])
-def test_every_robot_task_makes_resets_and_steps(task) -> None:
+
+
+@pytest.mark.parametrize("task", MADE, ids=[task.env_id for task in MADE])
+def test_every_named_robot_task_makes_resets_and_steps(task) -> None:
     envs = make_batched_env("envpool", task.env_id, 2, num_threads=1)
     try:
         keys = [key for key, _ in task.groups]

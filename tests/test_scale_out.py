@@ -32,10 +32,11 @@ def spec(*overrides: str, file: str = "sac.yaml"):
     return load_spec(SPECS / file, ["tracking.enabled=false", "checkpoint.save_replay=false", *overrides])
 
 
-@pytest.fixture
+@pytest.fixture(scope="class")
 def local_ray():
-    # A Ray of its own per test: after a Ray shared by earlier tests had been shut down, the killed-runner
-    # run in this process once sat for minutes without env steps, and once ended the process.
+    # A Ray for TestOnOneRay's runs alone (each Ray start costs ~5 s of CPU on 2 cores), shut down before the
+    # tests after it: after a module's Ray shared by earlier tests had been shut down, the killed-runner run
+    # in this process once sat for minutes without env steps, and once ended the process.
     ray.init(address="local", num_cpus=6, include_dashboard=False)
     yield
     ray.shutdown()
@@ -65,30 +66,80 @@ SMALL_NETS = {  # spec file -> smaller networks, same algorithm (BEE's V, C51, S
 }
 
 
+def test_the_rendezvous_listens_on_the_learner_node_address_only_on_a_port_it_holds() -> None:
+    """Rank 0's store is bound to the address it is given (not every interface), on a port that
+    was never released between choosing and listening, so two rendezvous never collide. (Plain
+    Learners in this process: the store is torch's, no Ray is needed.)"""
+    import psutil
+
+    two = spec("learners.num_learners=2")
+    first, second = Learner(two, 4, 2, rank=0), Learner(two, 4, 2, rank=0)
+    addresses = [learner.rendezvous_address("127.0.0.1") for learner in (first, second)]
+    assert addresses[0] != addresses[1]
+    listening = {(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections("tcp") if c.status == "LISTEN"}
+    for address in addresses:
+        host, port = address.rsplit(":", 1)
+        assert host == "127.0.0.1" and ("127.0.0.1", int(port)) in listening
+        assert ("0.0.0.0", int(port)) not in listening and ("::", int(port)) not in listening
+
+
 @pytest.mark.usefixtures("local_ray")
-def test_two_gloo_learners_stay_identical_and_match_one_learner() -> None:
-    """Two DDP learners, each fed half of every global batch, end with identical models, equal
-    (within float tolerance) to one learner fed the whole batches: gradient averaging, the
-    explicitly synchronized normalizers and the sharded sampling noise all line up, in every
-    variant of the family (one Ray and two rank processes for all of them: starting them costs
-    more than a variant's check)."""
+class TestOnOneRay:
+    """The runs that kill nothing, on one Ray for the class (each test starting its own cost a Ray
+    start-up apiece); stopped before the tests below, which start their own."""
 
-    class RankProcess:  # defined here so that Ray ships it by value: the workers cannot import this file
-        """One rank's process, hosting that rank's Learner of each variant in turn (a new process
-        costs ~3 CPU-s to import torch). A new variant's learner joins a new process group once the
-        last one's is gone, as a restarted Learner actor would."""
+    def test_two_gloo_learners_stay_identical_and_match_one_learner(self) -> None:
+        """Two DDP learners, each fed half of every global batch, end with identical models, equal
+        (within float tolerance) to one learner fed the whole batches: gradient averaging, the
+        explicitly synchronized normalizers and the sharded sampling noise all line up, in every
+        variant of the family (one Ray and two rank processes for all of them: starting them costs
+        more than a variant's check)."""
 
-        def start(self, spec: Any, obs_dim: int, act_dim: int, rank: int) -> None:
-            if dist.is_initialized():
-                dist.destroy_process_group()
-            self.learner = Learner(spec, obs_dim, act_dim, rank)
+        class RankProcess:  # defined here so that Ray ships it by value: the workers cannot import this file
+            """One rank's process, hosting that rank's Learner of each variant in turn (a new process
+            costs ~3 CPU-s to import torch). A new variant's learner joins a new process group once the
+            last one's is gone, as a restarted Learner actor would."""
 
-        def call(self, method: str, *args: Any) -> Any:
-            return getattr(self.learner, method)(*args)
+            def start(self, spec: Any, obs_dim: int, act_dim: int, rank: int) -> None:
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+                self.learner = Learner(spec, obs_dim, act_dim, rank)
 
-    ranks = [ray.remote(RankProcess).options(num_cpus=1).remote() for _ in range(2)]
-    for algo_file in SMALL_NETS:
-        check_two_gloo_learners_against_one(algo_file, ranks)
+            def call(self, method: str, *args: Any) -> Any:
+                return getattr(self.learner, method)(*args)
+
+        ranks = [ray.remote(RankProcess).options(num_cpus=1).remote() for _ in range(2)]
+        try:
+            for algo_file in SMALL_NETS:
+                check_two_gloo_learners_against_one(algo_file, ranks)
+        finally:  # their CPUs back to the class's Ray, for the runs after this test
+            for process in ranks:
+                ray.kill(process)
+
+    def test_checkpoints_move_between_one_and_two_learners(self, tmp_path: Path) -> None:
+        """A run with L=2 checkpoints unwrapped state; L=1 resumes it (in async mode, refilling the
+        replay the checkpoint did not keep) and the reverse. A resumed run continues in its run
+        folder, so each stage reads its final checkpoint before the next. (One Ray for the three runs.)"""
+        checkpoint, env_steps, gradient_updates = None, [], []
+        for num_learners, budget, mode in [(2, 600, "sync"), (1, 900, "async"), (2, 1200, "sync")]:
+            s = spec(*SMALL_SAC, f"learners.num_learners={num_learners}", f"budget.env_steps={budget}",
+                     f"runtime.mode={mode}")
+            payload = load_checkpoint(checkpoint) if checkpoint else None
+            result = Trainer(s, run_dir=tmp_path / "run", resume=payload, live=False).run()
+            checkpoint = Path(result.checkpoint)
+            env_steps.append(result.env_steps)
+            gradient_updates.append(load_checkpoint(checkpoint).learner.gradient_updates)
+        assert [steps // 100 for steps in env_steps] == [6, 9, 12]  # each budget met (a chunk may overshoot)
+        assert gradient_updates[0] < gradient_updates[1] < gradient_updates[2], gradient_updates  # each one trained on
+
+    def test_more_cpus_than_the_cluster_has_fails_fast_naming_cpu(self) -> None:
+        """On a running cluster (6 CPUs here) a spec needing more fails in seconds, naming CPU.
+        (An embedded local Ray is sized to the spec instead: Ray accepts more CPUs than cores.)"""
+        s = spec(*SMALL_SAC, "learners.num_learners=2", "learners.cpus_per_learner=4")
+        start = time.monotonic()
+        with pytest.raises(ResourceError, match="needs 9.5 CPU"):
+            Trainer(s, live=False).run()
+        assert time.monotonic() - start < 60
 
 
 def check_two_gloo_learners_against_one(algo_file: str, ranks: list[Any]) -> None:
@@ -126,41 +177,6 @@ def check_two_gloo_learners_against_one(algo_file: str, ranks: list[Any]) -> Non
     np.testing.assert_allclose(rank0.numpy(), reference.numpy(), rtol=1e-4, atol=1e-5, err_msg=algo_file)
     untrained = Learner(one, obs_dim, act_dim).algo.policy_state()
     assert any(not (untrained[k] == v).all() for k, v in single.algo.policy_state().items()), algo_file  # it trained
-
-
-def test_the_rendezvous_listens_on_the_learner_node_address_only_on_a_port_it_holds() -> None:
-    """Rank 0's store is bound to the address it is given (not every interface), on a port that
-    was never released between choosing and listening, so two rendezvous never collide. (Plain
-    Learners in this process: the store is torch's, no Ray is needed.)"""
-    import psutil
-
-    two = spec("learners.num_learners=2")
-    first, second = Learner(two, 4, 2, rank=0), Learner(two, 4, 2, rank=0)
-    addresses = [learner.rendezvous_address("127.0.0.1") for learner in (first, second)]
-    assert addresses[0] != addresses[1]
-    listening = {(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections("tcp") if c.status == "LISTEN"}
-    for address in addresses:
-        host, port = address.rsplit(":", 1)
-        assert host == "127.0.0.1" and ("127.0.0.1", int(port)) in listening
-        assert ("0.0.0.0", int(port)) not in listening and ("::", int(port)) not in listening
-
-
-@pytest.mark.usefixtures("local_ray")  # one Ray for the three runs
-def test_checkpoints_move_between_one_and_two_learners(tmp_path: Path) -> None:
-    """A run with L=2 checkpoints unwrapped state; L=1 resumes it (in async mode, refilling the
-    replay the checkpoint did not keep) and the reverse. A resumed run continues in its run
-    folder, so each stage reads its final checkpoint before the next."""
-    checkpoint, env_steps, gradient_updates = None, [], []
-    for num_learners, budget, mode in [(2, 600, "sync"), (1, 900, "async"), (2, 1200, "sync")]:
-        s = spec(*SMALL_SAC, f"learners.num_learners={num_learners}", f"budget.env_steps={budget}",
-                 f"runtime.mode={mode}")
-        payload = load_checkpoint(checkpoint) if checkpoint else None
-        result = Trainer(s, run_dir=tmp_path / "run", resume=payload, live=False).run()
-        checkpoint = Path(result.checkpoint)
-        env_steps.append(result.env_steps)
-        gradient_updates.append(load_checkpoint(checkpoint).learner.gradient_updates)
-    assert [steps // 100 for steps in env_steps] == [6, 9, 12]  # each budget met (a chunk may overshoot)
-    assert gradient_updates[0] < gradient_updates[1] < gradient_updates[2], gradient_updates  # each one trained on
 
 
 def metric_history(run_id: str, key: str) -> list[float]:
@@ -287,17 +303,6 @@ def test_a_killed_learner_past_the_restart_limit_ends_the_run_naming_the_last_ch
     assert "learner 0 died" in message and "max_learner_restarts=0" in message and "--resume" in message
     checkpoint = Path(message.split("--resume ")[1].split()[0])
     assert load_checkpoint(checkpoint).driver.counters.env_steps >= 500  # usable: it loads
-
-
-@pytest.mark.usefixtures("local_ray")
-def test_more_cpus_than_the_cluster_has_fails_fast_naming_cpu() -> None:
-    """On a running cluster (6 CPUs here) a spec needing more fails in seconds, naming CPU.
-    (An embedded local Ray is sized to the spec instead: Ray accepts more CPUs than cores.)"""
-    s = spec(*SMALL_SAC, "learners.num_learners=2", "learners.cpus_per_learner=4")
-    start = time.monotonic()
-    with pytest.raises(ResourceError, match="needs 9.5 CPU"):
-        Trainer(s, live=False).run()
-    assert time.monotonic() - start < 60
 
 
 @pytest.mark.learning

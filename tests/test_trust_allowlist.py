@@ -180,7 +180,7 @@ def test_no_stored_spec_runs_code_whatever_the_field_spelling_container_or_reade
     paths = routes(marker, package)
     seen: set[tuple[str, str]] = set()
 
-    @settings(max_examples=90, deadline=None, derandomize=True, database=None,
+    @settings(max_examples=60, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
     @given(route=st.sampled_from(sorted(paths)), spelling=st.sampled_from(sorted(SPELLINGS)),
            where=st.sampled_from(["folder", "model folder", "runs:/", "models:/"]),

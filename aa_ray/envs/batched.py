@@ -514,9 +514,6 @@ class EnvPoolAdapter(VectorEnvAdapter):
                     "envs from runners.envs_per_runner, batch_size equal to them); remove it."
                 )
         self.task_id = _envpool_task(task_id, envpool.list_all_envs())
-        # the robot tasks report each reward term every step, as info["reward_<term>"]
-        reward_terms = {key.removeprefix("info:reward_"): key.removeprefix("info:")
-                        for key in envpool.make_spec(self.task_id).state_array_spec if key.startswith("info:reward_")}
         self.options = options
         self._make_pool = lambda seed: envpool.make_gymnasium(self.task_id, num_envs=num_envs, batch_size=num_envs,
                                                               seed=seed, **options)
@@ -524,6 +521,9 @@ class EnvPoolAdapter(VectorEnvAdapter):
             spec = envpool.make_spec(self.task_id, num_envs=num_envs, batch_size=num_envs, **options)
         except (TypeError, ValueError, AssertionError) as err:
             raise self._refused(err) from err
+        # the robot tasks report each reward term every step, as info["reward_<term>"]
+        reward_terms = {key.removeprefix("info:reward_"): key.removeprefix("info:")
+                        for key in spec.state_array_spec if key.startswith("info:reward_")}
         super().__init__(_PoolToMake(spec, num_envs), device, expected_envs=num_envs, actor_obs=actor_obs,
                          critic_obs=critic_obs, info_metrics=info_metrics, label=self.task_id, field="env.id",
                          reward_terms=reward_terms)
@@ -552,8 +552,8 @@ class EnvPoolAdapter(VectorEnvAdapter):
 class _PoolToMake:
     """An EnvPool pool before it is made: its spaces and autoreset mode, read from its spec. EnvPool
     fixes a pool's seeds when it is made, so the adapter makes it at the first reset, with that
-    reset's seed, rather than make one now only to close it (a robot task's pool is ~60 MB a copy
-    here, and a closed pool leaves some of it behind in the process)."""
+    reset's seed, rather than make one now only to close it: a closed pool leaves most of its memory
+    behind in the process, and a robot task's takes about 50 MB a copy (benchmarks/robot_memory.py)."""
 
     def __init__(self, spec: Any, num_envs: int):
         self.num_envs = num_envs
