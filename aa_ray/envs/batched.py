@@ -432,11 +432,9 @@ class VectorEnvAdapter(_Adapter):
             raise ValueError(f"{self.label!r}: its info lacks a reward term of one number per env ({err}); "
                              f"expected {', '.join(self.reward_terms.values())}") from None
         self._term_sums += values if transitions is None else values * transitions
-        ended = self._tensor(done)
-        sums = {REWARD_TERM + term: (self._tensor(self._term_sums[t].astype(np.float32)), ended)
-                for t, term in enumerate(self.reward_terms)}
+        ended, sums = self._tensor(done), self._tensor(self._term_sums.astype(np.float32))  # one tensor, a row a term
         self._term_sums[:, done] = 0.0
-        return sums
+        return {REWARD_TERM + term: (sums[t], ended) for t, term in enumerate(self.reward_terms)}
 
     def state(self) -> dict[str, Any] | None:
         return None
