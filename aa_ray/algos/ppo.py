@@ -63,8 +63,11 @@ class PPOConfig(OnPolicyKnobs, LearningRates):
     desired_kl: PositiveFloat | None = Field(0.01, description="adapt the actor's lr toward this KL (null: fixed lr)")
     lr_bounds: tuple[PositiveFloat, PositiveFloat] = Field((1e-5, 1e-2), description="range of the adaptive lr")
     init_log_std: float = Field(0.0, description="initial log std of the Gaussian policy")
-    actor_hidden_dims: list[PositiveInt] = Field([64, 64], min_length=1, description="actor tanh MLP widths")
-    critic_hidden_dims: list[PositiveInt] = Field([64, 64], min_length=1, description="critic tanh MLP widths")
+    actor_hidden_dims: list[PositiveInt] = Field([64, 64], min_length=1, description="actor MLP widths")
+    critic_hidden_dims: list[PositiveInt] = Field([64, 64], min_length=1, description="critic MLP widths")
+    activation: Literal["tanh", "elu"] = Field(
+        "tanh", description="the MLPs' activation: tanh (CleanRL, SB3) or elu (rsl_rl's locomotion recipes)"
+    )
     normalize_obs: bool = Field(True, description="running mean/std observation normalization")
     normalize_reward: bool = Field(True, description="scale rewards by the running std of the return")
     sym_aug: bool = Field(
@@ -113,7 +116,8 @@ class PPOConfig(OnPolicyKnobs, LearningRates):
 
 def make_policy(cfg: PPOConfig, obs: ObsDims, act_dim: int) -> GaussianActorCritic:
     return GaussianActorCritic(
-        obs, act_dim, cfg.actor_hidden_dims, cfg.critic_hidden_dims, cfg.normalize_obs, cfg.init_log_std
+        obs, act_dim, cfg.actor_hidden_dims, cfg.critic_hidden_dims, cfg.normalize_obs, cfg.init_log_std,
+        cfg.activation,
     )
 
 

@@ -35,7 +35,9 @@ Sources (`make_batched_env(source, ...)`, the spec's `env.batched`):
 - `envpool`: EnvPool's C++ batched tasks, an optional extra (`EnvPoolAdapter`);
 - `playground`: MuJoCo Playground's MJX tasks on JAX, an optional extra: `aa_ray.envs.playground`
   (`PlaygroundAdapter`, `make_playground_env`), which builds on this module, so `make_batched_env`
-  here refuses the name and `aa_ray.envs.make` routes it there.
+  here refuses the name and `aa_ray.envs.make` routes it there;
+- `unilab`: UniLab's robot tasks on its CPU-batched MuJoCo, an optional extra: `aa_ray.envs.unilab`
+  (`UniLabAdapter`, `make_unilab_env`), routed there the same way.
 """
 
 from __future__ import annotations
@@ -54,12 +56,12 @@ from torch import Tensor
 
 from aa_ray.envs.info_metrics import SUCCESS_KEY, declared_info_metrics
 from aa_ray.envs.obs_groups import ObsLayout, ObsLayoutError, obs_layout
-from aa_ray.envs.source import EnvSourceError, import_object
+from aa_ray.envs.source import OWN_TASK_SOURCES, EnvSourceError, import_object
 from aa_ray.errors import SpecError, what_user_code_did
 from aa_ray.metric_names import REWARD_TERM
 from aa_ray.records import ObsDims
 
-SOURCES = ("torch", "gymnasium", "envpool", "playground")
+SOURCES = ("torch", "gymnasium", *OWN_TASK_SOURCES)
 # the final observation in a same-step source's extras: ours and Isaac Lab-style envs' name, ManiSkill's name
 FINAL_OBS_KEYS = ("final_obs", "final_observation")
 FINAL_INFO_KEY = "final_info"
@@ -161,10 +163,10 @@ def make_batched_env(source: str, target: str | Callable[..., Any], num_envs: in
             raise BatchedEnvError(f"env.batched: envpool takes a task id in env.id (e.g. HalfCheetah-v5), got "
                                   f"{_label(target)!r}")
         return EnvPoolAdapter(target, num_envs, device, envpool_options=kwargs, **options)
-    if source == "playground":
+    if source in ("playground", "unilab"):
         raise BatchedEnvError(
-            "env.batched: playground tasks are made by aa_ray.envs.playground.make_playground_env, which takes "
-            "the same arguments (a spec's env.batched: playground goes there through aa_ray.envs.make)"
+            f"env.batched: {source} tasks are made by aa_ray.envs.{source}.make_{source}_env, which takes "
+            f"the same arguments (a spec's env.batched: {source} goes there through aa_ray.envs.make)"
         )
     raise BatchedEnvError(f"env.batched: unknown source {source!r}; choose one of {', '.join(SOURCES)}.")
 

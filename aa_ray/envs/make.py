@@ -69,6 +69,8 @@ def make_batched_env(spec: ExperimentSpec, num_envs: int, show_model_warnings: b
     target = resolve_entry_point(env.entry_point, env) if env.entry_point is not None else env.id
     if env.batched == "playground":  # builds on envs/batched.py, so that module cannot name it
         from aa_ray.envs.playground import make_playground_env as adapted_batched_env
+    elif env.batched == "unilab":  # the same
+        from aa_ray.envs.unilab import make_unilab_env as adapted_batched_env
     else:
         from aa_ray.envs.batched import make_batched_env
 

@@ -26,6 +26,10 @@ from gymnasium.envs.registration import EnvSpec as GymEnvSpec
 from aa_ray.envs.pusher_reach import register_envs
 from aa_ray.errors import what_user_code_did
 
+# the batched sources (aa_ray.envs.batched) whose env.id is a task name of their own: no gymnasium id to
+# register, no env class of ours to import
+OWN_TASK_SOURCES = ("envpool", "playground", "unilab")
+
 
 class EnvSourceError(ValueError):
     """The spec's env cannot be found or imported; the message is for the user."""
@@ -160,8 +164,8 @@ def prepare(env: EnvSource) -> None:
     if env.entry_point is not None:
         resolve_entry_point(env.entry_point, env)
         return
-    if getattr(env, "batched", None) in ("envpool", "playground"):
-        return  # EnvPool's and Playground's own task ids: the adapter checks the id against their lists
+    if getattr(env, "batched", None) in OWN_TASK_SOURCES:
+        return  # the sources' own task ids: the adapter checks the id against their lists
     if getattr(env, "batched", None) == "torch":
         raise EnvSourceError(
             "env.batched: torch calls the env's class or creator itself: name it in env.entry_point "

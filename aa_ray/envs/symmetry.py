@@ -33,7 +33,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import load_env_creator
 
-from aa_ray.envs.source import import_object, prepare, registered_id, resolve_entry_point
+from aa_ray.envs.source import OWN_TASK_SOURCES, import_object, prepare, registered_id, resolve_entry_point
 from aa_ray.errors import SpecError, what_user_code_did
 from aa_ray.records import ObsDims, Transitions
 
@@ -156,8 +156,8 @@ def find_mirror(env: Any) -> Mirror | None:
                          f"env.mirror {env.mirror}")
     if env.entry_point is None and (own := mirror_for(env.id)) is not None:
         return own
-    if env.entry_point is None and getattr(env, "batched", None) in ("envpool", "playground"):
-        return None  # a task of EnvPool's or Playground's, by id: no env class of ours to declare one
+    if env.entry_point is None and getattr(env, "batched", None) in OWN_TASK_SOURCES:
+        return None  # a task of EnvPool's, Playground's or UniLab's, by id: no env class of ours to declare one
     declared = (getattr(env_class(env), "metadata", None) or {}).get("mirror")
     return None if declared is None else as_mirror(declared, f"the metadata['mirror'] of env {env.id}")
 

@@ -13,13 +13,16 @@ from torch import Tensor, nn
 from aa_ray.nets.policy import Array, ObsNormalizer, acting_input, actor_input, as_given
 from aa_ray.records import ObsDims
 
+ACTIVATIONS = {"tanh": nn.Tanh, "elu": nn.ELU}
 
-def tanh_mlp(in_dim: int, hidden_dims: Sequence[int], out_dim: int, out_gain: float) -> nn.Sequential:
-    """Tanh MLP with orthogonal init (gain sqrt 2 inside, `out_gain` on the output layer), the
+
+def orthogonal_mlp(in_dim: int, hidden_dims: Sequence[int], out_dim: int, out_gain: float,
+                   activation: str = "tanh") -> nn.Sequential:
+    """MLP with orthogonal init (gain sqrt 2 inside, `out_gain` on the output layer), the
     initialization PPO implementations share; a small output gain starts the actor near mean 0."""
     layers: list[nn.Module] = []
     for width in hidden_dims:
-        layers += [_orthogonal(nn.Linear(in_dim, width), math.sqrt(2.0)), nn.Tanh()]
+        layers += [_orthogonal(nn.Linear(in_dim, width), math.sqrt(2.0)), ACTIVATIONS[activation]()]
         in_dim = width
     return nn.Sequential(*layers, _orthogonal(nn.Linear(in_dim, out_dim), out_gain))
 
@@ -33,9 +36,10 @@ def _orthogonal(layer: nn.Linear, gain: float) -> nn.Linear:
 class GaussianActor(nn.Module):
     """pi(a|s) = N(mean(s), diag(exp(log_std))^2) over unbounded actions; runners clip to [-1, 1]."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden_dims: Sequence[int], init_log_std: float):
+    def __init__(self, obs_dim: int, act_dim: int, hidden_dims: Sequence[int], init_log_std: float,
+                 activation: str = "tanh"):
         super().__init__()
-        self.mean = tanh_mlp(obs_dim, hidden_dims, act_dim, out_gain=0.01)
+        self.mean = orthogonal_mlp(obs_dim, hidden_dims, act_dim, out_gain=0.01, activation=activation)
         self.log_std = nn.Parameter(torch.full((act_dim,), init_log_std))
 
     def forward(self, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -51,9 +55,9 @@ class GaussianActor(nn.Module):
 
 
 class ValueCritic(nn.Module):
-    def __init__(self, obs_dim: int, hidden_dims: Sequence[int]):
+    def __init__(self, obs_dim: int, hidden_dims: Sequence[int], activation: str = "tanh"):
         super().__init__()
-        self.net = tanh_mlp(obs_dim, hidden_dims, 1, out_gain=1.0)
+        self.net = orthogonal_mlp(obs_dim, hidden_dims, 1, out_gain=1.0, activation=activation)
 
     def forward(self, obs: Tensor) -> Tensor:
         return self.net(obs).squeeze(-1)
@@ -64,12 +68,13 @@ class GaussianActorCritic(nn.Module):
 
     def __init__(
         self, obs: ObsDims, act_dim: int, actor_hidden_dims: Sequence[int], critic_hidden_dims: Sequence[int],
-        normalize_obs: bool, init_log_std: float = 0.0,
+        normalize_obs: bool, init_log_std: float = 0.0, activation: str = "tanh",
     ):
         super().__init__()
         self.obs_norm = ObsNormalizer(obs.full, enabled=normalize_obs)
-        self.actor = GaussianActor(obs.actor, act_dim, actor_hidden_dims, init_log_std)  # the leading obs.actor
-        self.critic = ValueCritic(obs.full, critic_hidden_dims)
+        # the actor reads the leading obs.actor features
+        self.actor = GaussianActor(obs.actor, act_dim, actor_hidden_dims, init_log_std, activation)
+        self.critic = ValueCritic(obs.full, critic_hidden_dims, activation)
         self.actor_features = obs.actor
 
     @torch.no_grad()

@@ -167,14 +167,16 @@ class EnvSpec(SpecModel):
     max_episode_steps: PositiveInt | None = Field(
         None, description="override the registered time limit (null keeps it)"
     )
-    batched: Literal["gymnasium", "envpool", "torch", "playground"] | None = Field(
+    batched: Literal["gymnasium", "envpool", "torch", "playground", "unilab"] | None = Field(
         None,
         description="an env that steps many copies in one call (aa_ray.envs.batched): gymnasium = gym.make_vec with "
         "vectorization_mode vector_entry_point (or an entry point returning a gymnasium VectorEnv); envpool = "
         "EnvPool's C++ batched task of this id (pip install aa-ray[envpool]); torch = the entry point called as "
         "entry_point(num_envs=N, device=env.device, **kwargs), an object in the Isaac Lab / mjlab shape (torch "
         "tensors, observation groups, same-step autoreset); playground = MuJoCo Playground's task of this id, "
-        "MJX on JAX (pip install aa-ray[playground]). null: E gymnasium copies stepped one after another",
+        "MJX on JAX (pip install aa-ray[playground]); unilab = UniLab's robot task of this id (Go2JoystickFlat, "
+        "G1WalkFlat) on its CPU-batched MuJoCo (pip install aa-ray[unilab]). null: E gymnasium copies stepped one "
+        "after another",
     )
     device: str = Field(
         "cpu",
