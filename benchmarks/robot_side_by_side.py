@@ -80,8 +80,9 @@ def unilab_curve(seed: int, minutes: float) -> list[dict[str, float]]:
     current: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
+        # unbuffered: each line is stamped when it is printed, not when a pipe's block fills
         process = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   start_new_session=True)
+                                   start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
             assert process.stdout is not None
             for line in process.stdout:
