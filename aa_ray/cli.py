@@ -141,7 +141,8 @@ def _parser() -> argparse.ArgumentParser:
     pipeline.add_argument("--no-track", action="store_true", help="do not record the pipeline in MLflow")
 
     commands.add_parser("robots", help="list the robot tasks this install can train (EnvPool's ports of MuJoCo "
-                        "Playground's): observation groups, actions, control rate, episode length, reward terms")
+                        "Playground's, UniLab's): observation groups, actions, control rate, episode length, reward "
+                        "terms")
 
     report = commands.add_parser("report", help="compare runs from the MLflow store: curves (PNG, HTML) and a table")
     chosen = report.add_mutually_exclusive_group()
@@ -221,15 +222,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _robots() -> int:
-    from aa_ray.envs.robots import robot_table, robot_tasks
+    from aa_ray.envs.robots import robot_table, robot_tasks, unilab_tasks
 
-    tasks = robot_tasks()
+    tasks = robot_tasks() + unilab_tasks()
     if not tasks:
-        return _fail("no robot task is installed: they come with EnvPool (pip install -e '.[envpool]', Linux x86-64)")
+        return _fail("no robot task is installed: they come with EnvPool (pip install -e '.[envpool]', Linux x86-64) "
+                     "and UniLab (pip install -e '.[unilab]')")
     _say(robot_table(tasks))
-    _say(f"\n{len(tasks)} tasks. Train one with env: {{id: <env.id>, batched: envpool}} (or batched: playground and "
-         "its Playground name); the actor reads state and the critic state and privileged_state unless algo.actor_obs "
-         "and algo.critic_obs say otherwise; each reward term is logged as train/reward/<term> and eval/reward/<term>.")
+    _say(f"\n{len(tasks)} tasks. Train one with env: {{id: <env.id>, batched: <one of its env.batched>}} (playground "
+         "takes the task's Playground name); the actor reads state (UniLab's: obs) and the critic also "
+         "privileged_state (critic) unless algo.actor_obs and algo.critic_obs say otherwise; each reward term is "
+         "logged as train/reward/<term> and eval/reward/<term>.")
     return 0
 
 

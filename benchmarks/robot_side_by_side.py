@@ -23,6 +23,7 @@ Needs the unilab extra (`scripts/setup.sh dev`). Run from the repository root:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -61,7 +62,9 @@ def aa_ray_curve(seed: int, minutes: float) -> list[dict[str, float]]:
             points.append({"seconds": seconds, "env_steps": report.env_steps,
                            "reward": report.metrics[m.TRAIN_EPISODE_RETURN],
                            "eval_return": report.metrics.get(m.EVAL_RETURN, float("nan")),
-                           "error_vel_xy": report.metrics.get("eval/command_error_vel_xy", float("nan"))})
+                           "error_vel_xy": report.metrics.get("eval/command_error_vel_xy", float("nan")),
+                           "collect_s": report.metrics.get(f"time/{m.PHASE_COLLECT}_s", float("nan")),
+                           "learn_s": report.metrics.get(f"time/{m.PHASE_LEARNER_UPDATE}_s", float("nan"))})
             print(f"aa-ray seed {seed}: {seconds / 60:.1f} min, {report.env_steps:,} env steps, "
                   f"reward {points[-1]['reward']:.2f}, eval {points[-1]['eval_return']:.2f}", flush=True)
         return seconds >= minutes * 60
@@ -122,12 +125,17 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10.0, help="wall-clock minutes per run")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--unilab-from", type=Path, default=None,
+                        help="UniLab's curves from this earlier result (same seeds, minutes): rerun aa-ray only")
     args = parser.parse_args()
     machine = machine_info()
     print_machine(machine)
+    earlier = {}
+    if args.unilab_from is not None:
+        earlier = {run["seed"]: run["unilab"] for run in json.loads(args.unilab_from.read_text())["runs"]}
     runs = []
     for seed in args.seeds:
-        unilab = unilab_curve(seed, args.minutes)
+        unilab = earlier[seed] if seed in earlier else unilab_curve(seed, args.minutes)
         ours = aa_ray_curve(seed, args.minutes)
         target = unilab[-1]["reward"]
         runs.append({"seed": seed, "unilab": unilab, "aa_ray": ours, "unilab_final": target,

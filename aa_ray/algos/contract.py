@@ -94,6 +94,8 @@ class ActingPolicy(Protocol):
 class OnPolicyActor(ActingPolicy, Protocol):
     """What an on-policy family's acting policy also gives the runner, to record a rollout."""
 
+    action_limit: float  # the runner clips sampled actions to +-this before the env takes them (inf: never)
+
     def explore(self, obs: np.ndarray, generator: torch.Generator) -> tuple[np.ndarray, np.ndarray]:
         """Sampled (unclipped) actions and their log-probabilities."""
         ...

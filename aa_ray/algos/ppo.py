@@ -65,6 +65,11 @@ class PPOConfig(OnPolicyKnobs, LearningRates):
     init_log_std: float = Field(0.0, description="initial log std of the Gaussian policy")
     actor_hidden_dims: list[PositiveInt] = Field([64, 64], min_length=1, description="actor MLP widths")
     critic_hidden_dims: list[PositiveInt] = Field([64, 64], min_length=1, description="critic MLP widths")
+    clip_actions: bool = Field(
+        True, description="clip the Gaussian's samples and mean to the env's action bounds before the env takes "
+        "them; false: the env takes them as they are, as rsl_rl's runners do (for envs whose bounds are a scale, "
+        "not a limit: UniLab's and Isaac Lab's joint-position offsets)"
+    )
     activation: Literal["tanh", "elu"] = Field(
         "tanh", description="the MLPs' activation: tanh (CleanRL, SB3) or elu (rsl_rl's locomotion recipes)"
     )
@@ -117,7 +122,7 @@ class PPOConfig(OnPolicyKnobs, LearningRates):
 def make_policy(cfg: PPOConfig, obs: ObsDims, act_dim: int) -> GaussianActorCritic:
     return GaussianActorCritic(
         obs, act_dim, cfg.actor_hidden_dims, cfg.critic_hidden_dims, cfg.normalize_obs, cfg.init_log_std,
-        cfg.activation,
+        cfg.activation, cfg.clip_actions,
     )
 
 

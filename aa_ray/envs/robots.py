@@ -6,6 +6,8 @@ Everything here is read from the sources' own task descriptions, without making 
 `make_spec` (observation groups and sizes, action size, control period, episode length, the reward
 terms its info reports). Playground is a source where it is installed with the robot models its
 tasks load (it clones mujoco_menagerie from GitHub otherwise, which aa-ray never relies on).
+UniLab's own tasks (`env.batched: unilab`, `aa_ray.envs.unilab`) are listed where UniLab is installed
+with the robots' meshes; their sizes are read from a one-copy env (a second each).
 `aa-ray robots` prints the table.
 
 A spec names a task by its EnvPool id (`env: {id: Go1JoystickFlatTerrain-v1, batched: envpool}`); its
@@ -90,6 +92,31 @@ def robot_tasks() -> list[RobotTask]:
                                if key.startswith("info:reward_")),
             sources=("envpool", "playground") if playground else ("envpool",),
         ))
+    return tasks
+
+
+def unilab_tasks() -> list[RobotTask]:
+    """UniLab's tasks that can be made here (none without UniLab; G1MotionTracking only with its motion
+    clips), each read from a one-copy env."""
+    if importlib.util.find_spec("unilab") is None:
+        return []
+    from aa_ray.envs.batched import BatchedEnvError
+    from aa_ray.envs.unilab import TASKS, make_unilab_env
+
+    tasks = []
+    for name, task in TASKS.items():
+        try:
+            envs = make_unilab_env(name, 1)
+        except (BatchedEnvError, OSError, RuntimeError, ValueError):
+            continue  # its meshes or clips are not installed: `make_unilab_env` says which when a spec names it
+        try:
+            tasks.append(RobotTask(
+                env_id=name, robot=task.robot_name, playground_name="", groups=envs.obs_dims.groups,
+                act_dim=envs.act_dim, control_hz=round(1 / envs.step_dt, 3), episode_steps=envs.max_episode_steps,
+                reward_terms=envs.reward_terms, sources=("unilab",),
+            ))
+        finally:
+            envs.close()
     return tasks
 
 

@@ -21,6 +21,10 @@ aa-ray's own, per env id:
   becomes (w, -x, y, -z), its linear velocity (vx, -vy, vz), its angular velocity (-wx, wy, -wz);
   each body's contact wrench (torque, force) becomes (-tx, ty, -tz, fx, -fy, fz), bodies swapped
   as their legs are.
+- UniLab's Go2JoystickFlat (its default layout: `obs`, then `critic`): left and right legs swapped
+  (FL <-> FR, RL <-> RR) with the hips turning the other way, in the joints, their velocities and the
+  last actions; angular velocities (-wx, wy, -wz), gravity and linear velocity (x, -y, z), the command
+  (vx, -vy, -wz), the feet's gait phases swapped as their legs are.
 """
 
 from __future__ import annotations
@@ -138,7 +142,33 @@ def _ant() -> Mirror:
     return Mirror(tuple(perm), tuple(sign), act_perm, act_sign)
 
 
-MIRRORS: dict[str, Mirror] = {"aa_ray/PusherReach-v0": _pusher_reach(), "Ant-v5": _ant()}
+def _quadruped_legs(offset: int) -> list[tuple[int, int, float]]:
+    """Swaps of 12 features laid out as 4 legs x (hip, thigh, calf) whose leg slots pair left with right
+    as (0, 1) and (2, 3): FL, FR, RL, RR (Go2's joints) and FR, FL, RR, RL (its actuators) both do. The
+    hips' axes point forward, so a mirrored hip turns the other way; thighs and calves pitch about the
+    lateral axis, which the mirror keeps."""
+    return [(offset + 3 * left + part, offset + 3 * right + part, -1.0 if part == 0 else 1.0)
+            for left, right in ((0, 1), (2, 3)) for part in range(3)]
+
+
+def _go2() -> Mirror:
+    # UniLab's Go2JoystickFlat (aa_ray/envs/unilab.py), actor group `obs` (49) then `critic` (52), which
+    # repeats `obs` and adds the base's linear velocity: gyro (wx, wy, wz), projected gravity, 12 joint
+    # positions and 12 velocities (FL, FR, RL, RR), the 12 last actions (FR, FL, RR, RL), the command
+    # (vx, vy, wz), each foot's gait phase (FL, FR, RL, RR: a diagonal trot, so the swapped phases are
+    # the mirror's at another time of the gait clock) | the same 49 | (vx, vy, vz)
+    swaps, signs = [], {}
+    for start in (0, 49):
+        swaps += _quadruped_legs(start + 6) + _quadruped_legs(start + 18) + _quadruped_legs(start + 30)
+        swaps += [(start + 45, start + 46, 1.0), (start + 47, start + 48, 1.0)]
+        signs |= {start: -1.0, start + 2: -1.0, start + 4: -1.0, start + 43: -1.0, start + 44: -1.0}
+    signs[99] = -1.0
+    obs_perm, obs_sign = _from_pairs(101, swaps, signs)
+    act_perm, act_sign = _from_pairs(12, _quadruped_legs(0), {})
+    return Mirror(obs_perm, obs_sign, act_perm, act_sign)
+
+
+MIRRORS: dict[str, Mirror] = {"aa_ray/PusherReach-v0": _pusher_reach(), "Ant-v5": _ant(), "Go2JoystickFlat": _go2()}
 
 
 def mirror_for(env_id: str) -> Mirror | None:

@@ -21,8 +21,10 @@ sum times the control period) is summed over an episode the same way and reporte
 `Metrics/<command>/<error>` logs, each an episode's mean error) as `command_<error>`.
 
 Actions: UniLab's tasks take joint offsets around the default pose, scaled by the task (Go2: 0.25 rad
-per unit); one copy's action space is declared as [-1, 1], which is what UniLab's own SAC samples
-(a tanh-squashed Gaussian), and PPO's unclipped Gaussian samples pass through unchanged.
+per unit), without a limit; one copy's action space is declared as [-1, 1], which is what UniLab's own
+SAC samples (a tanh-squashed Gaussian). Its PPO (rsl_rl's) steps the env with unclipped Gaussian
+samples, which takes offsets the bounds would cut off: aa-ray's PPO does the same with
+`algo.clip_actions: false` (the Go2 recipe sets it).
 """
 
 from __future__ import annotations

@@ -68,9 +68,11 @@ class GaussianActorCritic(nn.Module):
 
     def __init__(
         self, obs: ObsDims, act_dim: int, actor_hidden_dims: Sequence[int], critic_hidden_dims: Sequence[int],
-        normalize_obs: bool, init_log_std: float = 0.0, activation: str = "tanh",
+        normalize_obs: bool, init_log_std: float = 0.0, activation: str = "tanh", clip_actions: bool = True,
     ):
         super().__init__()
+        # where the actions the env takes end: [-1, 1] (the env's bounds), or nowhere (bounds as a scale)
+        self.action_limit = 1.0 if clip_actions else float("inf")
         self.obs_norm = ObsNormalizer(obs.full, enabled=normalize_obs)
         # the actor reads the leading obs.actor features
         self.actor = GaussianActor(obs.actor, act_dim, actor_hidden_dims, init_log_std, activation)
@@ -92,15 +94,17 @@ class GaussianActorCritic(nn.Module):
         return as_given(self.critic(self.obs_norm(acting_input(obs))), obs)
 
     def deterministic_action(self, obs: Tensor) -> Tensor:
-        """The mean action clipped to [-1, 1], for raw observations (evaluation, exported policies)."""
-        return self.actor.mean(actor_input(self.obs_norm, obs, self.actor_features)).clamp(-1.0, 1.0)
+        """The mean action within the action limit, for raw observations (evaluation, exported policies)."""
+        mean = self.actor.mean(actor_input(self.obs_norm, obs, self.actor_features))
+        return mean.clamp(-self.action_limit, self.action_limit)
 
     @torch.no_grad()
     def act(self, obs: Array, deterministic: bool, generator: torch.Generator | None = None) -> Array:
-        """Actions in [-1, 1] (evaluation and recorded datasets): the mean, or a clipped sample."""
+        """Actions within the action limit (evaluation and recorded datasets): the mean, or a clipped sample."""
         obs_t = acting_input(obs)
         if deterministic:
             return as_given(self.deterministic_action(obs_t), obs)
         distribution = self.actor.distribution(actor_input(self.obs_norm, obs_t, self.actor_features))
         noise = torch.randn(distribution.mean.shape, generator=generator, device=obs_t.device)
-        return as_given((distribution.mean + distribution.stddev * noise).clamp(-1.0, 1.0), obs)
+        sample = distribution.mean + distribution.stddev * noise
+        return as_given(sample.clamp(-self.action_limit, self.action_limit), obs)

@@ -143,7 +143,7 @@ class BatchedRunner:
         steps: dict[str, list[Tensor]] = {name: [] for name in names}
         for _ in range(num_steps):
             action, log_prob = policy.explore(self.obs, self.generator)
-            step = self.envs.step(self.to_env_action(action.clamp(-1.0, 1.0)))
+            step = self.envs.step(self.to_env_action(action.clamp(-policy.action_limit, policy.action_limit)))
             moments.add(self.obs, self.episodes.step(step))
             next_obs = torch.where(step.valid[:, None], step.next_obs, self.obs)
             for name, value in (("obs", self.obs), ("action", action), ("log_prob", log_prob),

@@ -196,7 +196,8 @@ class EnvRunner:
         policy: OnPolicyActor = self.policy
         for t in range(num_steps):
             action, log_prob = policy.explore(self.obs, self.generator)
-            reset_obs, reward, terminated, truncated, info = self.envs.step(self.to_env_action(np.clip(action, -1, 1)))
+            reset_obs, reward, terminated, truncated, info = self.envs.step(
+                self.to_env_action(np.clip(action, -policy.action_limit, policy.action_limit)))
             done = terminated | truncated
             obs[t], next_obs[t] = self.obs, reset_obs
             for i in np.flatnonzero(done):  # the env already reset: its episode ended at final_obs

@@ -1,8 +1,9 @@
 """What only the machine a spec was written on can check, before `aa-ray run` starts anything: the
 `env.py_modules` folders exist here at a size Ray ships, `budget.stop_at` names a metric the
-evaluations produce (the env is made to read its declared task metrics), and the mirror of
-`algo.sym_aug` fits the env. The spec's models (`experiment.py`) check what holds wherever a spec
-is validated: a Ray worker, a Tune trial, a checkpoint's stored spec; these do not belong there.
+evaluations produce (the env is made to read its declared task metrics), a robot task's copies fit
+this machine's memory, and the mirror of `algo.sym_aug` fits the env. The spec's models
+(`experiment.py`) check what holds wherever a spec is validated: a Ray worker, a Tune trial, a
+checkpoint's stored spec; these do not belong there.
 """
 
 from __future__ import annotations
@@ -106,12 +107,16 @@ def check_here(spec: ExperimentSpec) -> None:
     """What `aa-ray run` would fail on before it starts anything, beyond what the model checks wherever a
     spec is validated (Ray workers, trials, a checkpoint's stored spec): the env.py_modules folders exist
     here, at a size to ship; budget.stop_at names a metric the evaluations produce; the mirror of
-    algo.sym_aug fits the env's observations and actions. Both `aa-ray validate` and `aa-ray run` call
+    algo.sym_aug fits the env's observations and actions; a robot task's copies fit this machine's memory
+(`envs.memory`). Both `aa-ray validate` and `aa-ray run` call
     it through `loader.load_spec`. The env is made only for the last two, and only where they apply.
     ValueError naming the field."""
     check_py_modules_here(spec.env.py_modules)
     check_tracking_packages(spec)
     check_stop_metric(spec)
+    from aa_ray.envs.memory import check_memory
+
+    check_memory(spec)
     if spec.algo.sym_aug:
         from aa_ray.envs.make import env_dims
         from aa_ray.envs.symmetry import sym_aug_mirror
