@@ -49,8 +49,8 @@ UNILAB_LINE = re.compile(r"^\s*(Total steps|Mean reward|Mean episode length|Coll
                          r"([-0-9.e]+)")
 
 
-def aa_ray_curve(seed: int, minutes: float) -> list[dict[str, float]]:
-    spec = load_spec(SPEC, [f"seed={seed}", "budget.env_steps=100000000", "tracking.enabled=false",
+def aa_ray_curve(seed: int, minutes: float, overrides: list[str]) -> list[dict[str, float]]:
+    spec = load_spec(SPEC, [*overrides, f"seed={seed}", "budget.env_steps=100000000", "tracking.enabled=false",
                             "checkpoint.every_env_steps=100000000",
                             "eval.every_env_steps=250000", "eval.episodes=8"])
     points: list[dict[str, float]] = []
@@ -125,6 +125,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10.0, help="wall-clock minutes per run")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--set", nargs="*", default=[], help="overrides of aa-ray's spec (key=value)")
     parser.add_argument("--unilab-from", type=Path, default=None,
                         help="UniLab's curves from this earlier result (same seeds, minutes): rerun aa-ray only")
     args = parser.parse_args()
@@ -136,7 +137,7 @@ def main() -> None:
     runs = []
     for seed in args.seeds:
         unilab = earlier[seed] if seed in earlier else unilab_curve(seed, args.minutes)
-        ours = aa_ray_curve(seed, args.minutes)
+        ours = aa_ray_curve(seed, args.minutes, args.set)
         target = unilab[-1]["reward"]
         runs.append({"seed": seed, "unilab": unilab, "aa_ray": ours, "unilab_final": target,
                      "aa_ray_final": ours[-1]["reward"] if ours else None,

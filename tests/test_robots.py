@@ -5,6 +5,7 @@ lists them; a spec that asks for what a task lacks is one paragraph."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -95,7 +96,11 @@ def test_robots_command_lists_the_tasks(capsys: pytest.CaptureFixture) -> None:
     out = capsys.readouterr().out
     line = next(line for line in out.splitlines() if line.startswith(GO1 + " "))
     assert "Unitree Go1" in line and "state 48, privileged_state 123" in line and "50 Hz" in line
-    assert f"{len(TASKS)} tasks" in out
+    unilab = [line for line in out.splitlines() if line.rstrip().endswith("  unilab")]
+    if importlib.util.find_spec("unilab") is not None:  # UniLab's tasks, read from a one-copy env each
+        go2 = next(line for line in unilab if line.startswith("Go2JoystickFlat "))
+        assert "Unitree Go2" in go2 and "obs 49, critic 52" in go2 and "1000 steps" in go2 and "9  " in go2
+    assert f"{len(TASKS) + len(unilab)} tasks" in out
 
 
 def test_a_spec_asking_what_a_robot_task_lacks_is_one_paragraph() -> None:

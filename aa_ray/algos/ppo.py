@@ -61,6 +61,10 @@ class PPOConfig(OnPolicyKnobs, LearningRates):
     entropy_coef: NonNegativeFloat = Field(0.0, description="weight of the entropy bonus")
     max_grad_norm: PositiveFloat | None = Field(1.0, description="clip actor and critic gradients to this norm")
     desired_kl: PositiveFloat | None = Field(0.01, description="adapt the actor's lr toward this KL (null: fixed lr)")
+    kl_adapts: Literal["actor", "both"] = Field(
+        "actor", description="which learning rates desired_kl adapts: the actor's, or both (rsl_rl: one rate for "
+        "the actor and the critic, starting at actor_lr)"
+    )
     lr_bounds: tuple[PositiveFloat, PositiveFloat] = Field((1e-5, 1e-2), description="range of the adaptive lr")
     init_log_std: float = Field(0.0, description="initial log std of the Gaussian policy")
     actor_hidden_dims: list[PositiveInt] = Field([64, 64], min_length=1, description="actor MLP widths")
@@ -189,12 +193,14 @@ class PPO(Bookkeeping):
         self.mirror = mirror if cfg.sym_aug else None
         self.policy = make_policy(cfg, obs, act_dim).to(device)
         self.reward_norm = RewardNormalizer(cfg.normalize_reward).to(device)
-        # param_groups[0] is the actor (its lr adapts to the KL), [1] the critic
+        # param_groups[0] is the actor (its lr adapts to the KL), [1] the critic (adapted too with kl_adapts: both)
+        self.adapted_groups = 0 if cfg.desired_kl is None else (2 if cfg.kl_adapts == "both" else 1)
+        critic_lr = cfg.actor_lr if self.adapted_groups == 2 else cfg.critic_lr
         self.optimizer = fused_adam([
             {"params": self.policy.actor.parameters(), "lr": cfg.actor_lr},
-            {"params": self.policy.critic.parameters(), "lr": cfg.critic_lr},
+            {"params": self.policy.critic.parameters(), "lr": critic_lr},
         ], cfg.actor_lr)
-        scheduled = [(self.optimizer, 1)] if cfg.desired_kl is not None else [(self.optimizer, 0), (self.optimizer, 1)]
+        scheduled = [(self.optimizer, group) for group in range(self.adapted_groups, 2)]
         self.schedule = LinearLRSchedule(scheduled, cfg.lr_end_fraction, setup.planned_steps)
         # several learners: DDP averages the actor's and critic's gradients; the normalizers stay plain
         self.actor_ddp, self.critic_ddp = ddp.wrap(self.policy.actor), ddp.wrap(self.policy.critic)
@@ -228,8 +234,10 @@ class PPO(Bookkeeping):
             ):
                 info = self.update_minibatch(*(column[index] for column in rows))
                 if cfg.desired_kl is not None:
-                    group = self.optimizer.param_groups[0]
-                    group["lr"].copy_(adapt_lr(group["lr"], info["actor/approx_kl"], cfg.desired_kl, cfg.lr_bounds))
+                    lr = adapt_lr(self.optimizer.param_groups[0]["lr"], info["actor/approx_kl"], cfg.desired_kl,
+                                  cfg.lr_bounds)
+                    for group in self.optimizer.param_groups[:self.adapted_groups]:
+                        group["lr"].copy_(lr)
                 for key, value in info.items():
                     totals[key] = totals.get(key, 0.0) + value
         minibatches = cfg.ppo_epochs * cfg.num_minibatches

@@ -57,12 +57,15 @@ class MemoryEstimate:
     per_env: int  # bytes a made env adds whatever its copies
     copies: int  # the run's copies, evaluation's included
     envs: int  # the run's made envs
-    data: int  # the replay at its full size, or PPO's rollouts
+    replay: int  # the replay at its full size (off-policy)
+    rollout_per_copy: int  # PPO's rollout, per training copy (on-policy)
+    training_copies: int
     available: int
 
     @property
     def total(self) -> int:
-        return self.per_copy * self.copies + self.per_env * self.envs + self.data
+        return (self.per_copy * self.copies + self.per_env * self.envs + self.replay
+                + self.rollout_per_copy * self.training_copies)
 
     @property
     def fits(self) -> bool:
@@ -115,9 +118,11 @@ def estimate(spec: ExperimentSpec) -> MemoryEstimate | None:
     per_copy, per_env, obs, act = measure(spec)
     row = (2 * obs + act + 4) * FLOAT_BYTES  # a transition: obs, next obs, action, reward, flags
     buffer_size = getattr(spec.algo, "buffer_size", None)
-    rows = buffer_size if buffer_size is not None else spec.algo.train_every * runners * spec.runners.envs_per_runner
-    return MemoryEstimate(per_copy=per_copy, per_env=per_env, copies=copies, envs=2 * runners, data=rows * row,
-                          available=available)
+    return MemoryEstimate(
+        per_copy=per_copy, per_env=per_env, copies=copies, envs=2 * runners,
+        replay=0 if buffer_size is None else buffer_size * row,
+        rollout_per_copy=0 if buffer_size is not None else spec.algo.train_every * row,
+        training_copies=runners * spec.runners.envs_per_runner, available=available)
 
 
 def check_memory(spec: ExperimentSpec) -> None:
@@ -127,8 +132,8 @@ def check_memory(spec: ExperimentSpec) -> None:
     if found is None or found.fits:
         return
     runners = spec.runners.num_runners
-    room = FRACTION * found.available - found.per_env * found.envs - found.data - found.per_copy * spec.eval.episodes
-    largest = int(room // max(1, found.per_copy * runners))
+    room = FRACTION * found.available - found.per_env * found.envs - found.replay - found.per_copy * spec.eval.episodes
+    largest = int(room // max(1, (found.per_copy + found.rollout_per_copy) * runners))
     mib = 2**20
     advice = (f"at most {largest} copies per runner fit (runners.envs_per_runner: {largest})" if largest > 0 else
               "no count of copies fits beside the rest (lower algo.buffer_size or eval.episodes, or add memory)")
@@ -136,7 +141,7 @@ def check_memory(spec: ExperimentSpec) -> None:
         f"runners.envs_per_runner: {runners} runner(s) x {spec.runners.envs_per_runner} copies of {spec.env.id} "
         f"(and {spec.eval.episodes} for evaluation) would take about {found.total / 2**30:.1f} GiB: "
         f"{found.per_copy / mib:.1f} MiB a copy and {found.per_env / mib:.0f} MiB an env, measured here, plus "
-        f"{found.data / mib:.0f} MiB of transitions; this machine has {found.available / 2**30:.1f} GiB available "
-        f"and a run may use {FRACTION:.0%} of it. {advice[0].upper()}{advice[1:]}; on a Ray cluster, more runners "
-        "on more nodes share the copies."
+        f"{(found.replay + found.rollout_per_copy * found.training_copies) / mib:.0f} MiB of transitions; this "
+        f"machine has {found.available / 2**30:.1f} GiB available and a run may use {FRACTION:.0%} of it: {advice}; "
+        "on a Ray cluster, more runners on more nodes share the copies."
     )

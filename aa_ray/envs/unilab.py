@@ -136,11 +136,14 @@ def robot_model_file(task: UniLabTask, scene: str) -> Path:
 
 
 def _missing_meshes(scene: Path, meshes: Path) -> list[str]:
+    """The mesh files the scene and the files it includes name that the mesh folder lacks."""
     import xml.etree.ElementTree as ElementTree
 
-    named = set()
-    for xml in scene.parent.glob("*.xml"):
-        named |= {element.get("file") for element in ElementTree.parse(xml).iter("mesh") if element.get("file")}
+    named, files = set(), [scene]
+    while files:
+        tree = ElementTree.parse(files.pop())
+        named |= {element.get("file") for element in tree.iter("mesh") if element.get("file")}
+        files += [scene.parent / element.get("file") for element in tree.iter("include") if element.get("file")]
     return sorted(name for name in named if not (meshes / name).is_file())
 
 
@@ -237,6 +240,8 @@ class UniLabAdapter(_Adapter):
 
     def reset(self, seed: int) -> Tensor:
         self.env.seed(int(seed) % 2**63)
+        if self.env.state is None:  # its first reset draws each copy's episode counter at random (to spread
+            self.env.reset()  # the time limits of a training fleet); every copy starts at step 0 here
         obs, _ = self.env.reset()
         self._term_sums.zero_()
         return self._flat(obs, "observations")
