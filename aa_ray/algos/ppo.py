@@ -12,9 +12,10 @@ from a KL target as in rsl_rl. Deliberate choices:
   statistics afterwards (the learner merges them), so the first ratio of every update is exactly 1;
 - advantages are normalized over the global batch (all learners), each learner updates on its own
   envs' share, and DDP averages the gradients;
-- the adaptive learning rate changes the actor's rate only, on the KL averaged over learners, so
-  every learner keeps the same rate; the rule runs on the device (`adapt_lr`, a `torch.where` on the
-  KL tensor), so the update never waits for the host;
+- the adaptive learning rate changes the actor's rate only (`kl_adapts: both`: the critic's too, one
+  rate for both as in rsl_rl), on the KL averaged over learners, so every learner keeps the same rate;
+  the rule runs on the device (`adapt_lr`, a `torch.where` on the KL tensor), so the update never
+  waits for the host;
 - symmetry augmentation (`sym_aug`, as in rsl_rl): each minibatch is doubled with its mirror image
   (observations and actions mirrored before normalization; old log-probs, advantages and value
   targets copied), and `actor/symmetry_loss` pulls the mean action of a mirrored observation toward

@@ -34,7 +34,8 @@ def _orthogonal(layer: nn.Linear, gain: float) -> nn.Linear:
 
 
 class GaussianActor(nn.Module):
-    """pi(a|s) = N(mean(s), diag(exp(log_std))^2) over unbounded actions; runners clip to [-1, 1]."""
+    """pi(a|s) = N(mean(s), diag(exp(log_std))^2) over unbounded actions; runners clip them to the
+    policy's `action_limit` ([-1, 1] unless the spec leaves them unclipped)."""
 
     def __init__(self, obs_dim: int, act_dim: int, hidden_dims: Sequence[int], init_log_std: float,
                  activation: str = "tanh"):
