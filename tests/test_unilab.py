@@ -88,12 +88,16 @@ def test_a_run_that_would_not_fit_is_refused_with_the_count_that_fits(monkeypatc
 
 def test_fastsac_and_ppo_recipes_run_on_go2_and_export_a_policy_reading_obs(tmp_path: Path) -> None:
     """The shipped Go2 recipes, shrunk to a few updates inline: each runs, evaluates with every reward
-    term and the command's errors, and its policy reads the actor group `obs` alone."""
+    term and the command's errors, records the evaluation's video (the robot drawn offscreen), and its
+    policy reads the actor group `obs` alone."""
+    from PIL import Image
+
     from aa_ray.api import load_policy
     from aa_ray.runtime.trainer import Trainer
 
     fastsac = ["algo.warm_up_steps=64", "algo.batch_size=64", "algo.buffer_size=4096"]
-    for recipe, shrink in (("go2_fastsac.yaml", fastsac), ("go2_ppo.yaml", ["algo.train_every=8"])):
+    ppo = ["algo.train_every=8", "eval.video=true", "eval.video_max_frames=6"]
+    for recipe, shrink in (("go2_fastsac.yaml", fastsac), ("go2_ppo.yaml", ppo)):
         spec = load_spec(SPECS / "robots" / recipe, [
             "runtime.backend=inline", "runners.envs_per_runner=8", "budget.env_steps=192", "eval.every_env_steps=192",
             "eval.episodes=2", "env.max_episode_steps=16", "checkpoint.every_env_steps=null", "tracking.enabled=false",
@@ -105,6 +109,8 @@ def test_fastsac_and_ppo_recipes_run_on_go2_and_export_a_policy_reading_obs(tmp_
         policy = load_policy(result.checkpoint)
         assert policy.obs_keys == ("obs",) and policy.obs_dim == 49
         assert policy.predict(np.zeros(49, np.float32)).shape == (12,)
+    gif = Image.open(next((tmp_path / "go2_ppo.yaml" / "videos").glob("eval_*.gif")))
+    assert gif.n_frames == 6 and gif.size == (320, 240)
 
 
 def _mirror_block(mirror, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:

@@ -229,6 +229,7 @@ class UniLabAdapter(_Adapter):
         self.step_dt = float(env.step_dt)
         self._term_sums = torch.zeros(len(self.reward_terms), self.num_envs, device=self.device)
         self._all_valid = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
+        self._renderer: Any = None  # made at the first frame: an offscreen GL context per adapter
 
     @staticmethod
     def _command_errors(env: Any) -> list[str]:
@@ -275,6 +276,26 @@ class UniLabAdapter(_Adapter):
                     torch.full((self.num_envs,), float(value), device=self.device), done)
         return episode_info
 
+    def render_frame(self, index: int = 0) -> np.ndarray:
+        """Copy `index` drawn offscreen now (RGB, 240 x 320): MuJoCo's renderer on the task's model at the
+        copy's joint positions (UniLab's physics snapshot: time, qpos, qvel), a camera following the base.
+        Needs a GL backend (MUJOCO_GL=egl or osmesa on a machine without a display)."""
+        import mujoco
+
+        if self._renderer is None:
+            model = self.env.get_playback_model()
+            self._render_data = mujoco.MjData(model)
+            self._renderer = mujoco.Renderer(model, 240, 320)
+            self._camera = mujoco.MjvCamera()
+            self._camera.type = mujoco.mjtCamera.mjCAMERA_TRACKING
+            self._camera.trackbodyid, self._camera.distance = 1, 1.6
+            self._camera.elevation, self._camera.azimuth = -20.0, 135.0
+        nq = self._render_data.model.nq
+        self._render_data.qpos[:] = self.env.get_physics_state_snapshot()[index, 1:1 + nq]
+        mujoco.mj_forward(self._render_data.model, self._render_data)
+        self._renderer.update_scene(self._render_data, self._camera)
+        return self._renderer.render()
+
     def state(self) -> dict[str, Any] | None:
         return None
 
@@ -282,6 +303,9 @@ class UniLabAdapter(_Adapter):
         raise ValueError(f"{self.label!r}: a UniLab env's simulator state is not captured, so none can be loaded")
 
     def close(self) -> None:
+        if self._renderer is not None:
+            self._renderer.close()  # before the interpreter's exit tears the GL context down under it
+            self._renderer = None
         self.env.close()
 
     def _flat(self, obs: Mapping[str, Tensor], what: str) -> Tensor:

@@ -20,11 +20,13 @@ from torch import Tensor
 from aa_ray import seeding
 from aa_ray.algos.contract import OnPolicyActor
 from aa_ray.algos.registry import build_policy
+from aa_ray.envs import RENDER_BACKEND_ERRORS
 from aa_ray.envs.batched import BatchedEnv
 from aa_ray.envs.make import make_batched_env
 from aa_ray.nets.policy import PolicyState, state_tensors, to_bounds
 from aa_ray.records import ChunkStats, ObsDims, RolloutChunk, Transitions
 from aa_ray.runtime.metrics import RunMetrics, run_tag
+from aa_ray.runtime.run_files import cannot_render, gif_bytes
 from aa_ray.runtime.tensor_steps import (
     EpisodeCounters,
     MomentSums,
@@ -35,7 +37,8 @@ from aa_ray.runtime.tensor_steps import (
 )
 from aa_ray.spec.experiment import ExperimentSpec
 
-NO_VIDEO = "eval video skipped: a batched env (env.batched) renders no frames here; set eval.video: false"
+NO_VIDEO = ("eval video skipped: this batched env's source renders no frames (of env.batched, unilab does); set "
+            "eval.video: false")
 
 
 class BatchedRunner:
@@ -171,7 +174,28 @@ class BatchedRunner:
         return evaluate_first_episodes(self.policy, self.eval_envs, seeding.eval_env_seeds(self.spec.seed, 1)[0])
 
     def record_video(self, max_frames: int) -> tuple[bytes | None, str | None]:
-        return None, NO_VIDEO
+        """The first evaluation episode of one copy (the video seed, deterministic policy), drawn where the
+        env's source renders (`render_frame`: UniLab's tasks), as GIF bytes; (None, reason) otherwise or
+        when this machine cannot render (no GL backend for MUJOCO_GL): training goes on."""
+        if not hasattr(self.envs, "render_frame"):
+            return None, NO_VIDEO
+        envs = make_batched_env(self.spec, 1, show_model_warnings=False)
+        try:
+            obs = envs.reset(seed=seeding.video_seed(self.spec.seed))
+            try:
+                frames = [envs.render_frame()]
+            except RENDER_BACKEND_ERRORS as err:
+                return None, cannot_render(self.spec.env.id, err)
+            while len(frames) < max_frames:
+                step = envs.step(self.to_env_action(self.policy.act(obs, deterministic=True)))
+                frames.append(envs.render_frame())
+                if bool(step.terminated[0] | step.truncated[0]):
+                    break
+                obs = step.obs
+            fps = 1.0 / getattr(envs, "step_dt", 0.05)
+        finally:
+            envs.close()
+        return gif_bytes(frames, fps), None
 
     def state(self) -> dict[str, Any]:
         """What the next `sample` depends on: generators, the current observations, episode and n-step

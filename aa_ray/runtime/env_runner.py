@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import time
 from collections import deque
 from functools import cached_property
@@ -34,6 +33,7 @@ from aa_ray.runtime.env_state import pack, restore_vector_env, snapshot_vector_e
 from aa_ray.runtime.families import family_of
 from aa_ray.runtime.metrics import RunMetrics, run_tag
 from aa_ray.runtime.nstep import NStepWindow
+from aa_ray.runtime.run_files import cannot_render, gif_bytes
 from aa_ray.spec.experiment import ExperimentSpec
 
 
@@ -279,15 +279,13 @@ class EnvRunner:
         bytes (the driver writes the file: this runner may be on another node). Returns (None,
         reason) when this machine cannot render (no GL backend for MUJOCO_GL): training goes on.
         Only making the renderer is guarded; an error while acting or stepping is raised as it is."""
-        from PIL import Image
-
         env = make_env(self.spec, show_model_warnings=False, render_mode="rgb_array")
         try:
             obs, _ = env.reset(seed=seeding.video_seed(self.spec.seed))  # evaluate()'s first episode
             try:
                 frames = [env.render()]  # the first render creates the renderer and its GL context
             except RENDER_BACKEND_ERRORS as err:
-                return None, self._no_video(err)
+                return None, cannot_render(self.spec.env.id, err)
             done = False
             while not done and len(frames) < max_frames:
                 action = self.policy.act(obs[None], deterministic=True)[0]
@@ -297,17 +295,7 @@ class EnvRunner:
             fps = env.metadata.get("render_fps") or 20
         finally:
             env.close()
-        images = [Image.fromarray(frame) for frame in frames if frame is not None]
-        buffer = io.BytesIO()
-        images[0].save(buffer, format="GIF", save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
-        return buffer.getvalue(), None
-
-    def _no_video(self, err: Exception) -> str:
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        return (
-            f"eval video skipped: cannot render {self.spec.env.id} offscreen ({type(err).__name__}: {reason}); "
-            "install a GL backend and set MUJOCO_GL=egl or osmesa, or set eval.video: false"
-        )
+        return gif_bytes(frames, fps), None
 
     def state(self) -> dict[str, Any]:
         """Everything the next `sample`/`sample_rollout` depends on, as plain data for a checkpoint:
