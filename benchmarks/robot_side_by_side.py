@@ -18,6 +18,7 @@ minutes aa-ray takes to reach UniLab's final reward (goal: at most 0.7 of UniLab
 Needs the unilab extra (`scripts/setup.sh dev`). Run from the repository root:
     .venv/bin/python benchmarks/robot_side_by_side.py --minutes 10 --seeds 0 \\
         --json benchmarks/results/robot_side_by_side_go2.json
+    .venv/bin/python benchmarks/robot_side_by_side.py --smoke      # a few updates of each (CI)
 """
 
 from __future__ import annotations
@@ -45,14 +46,14 @@ from aa_ray.envs.unilab import TASKS, robot_model_file  # noqa: E402
 from aa_ray.spec.loader import load_spec  # noqa: E402
 
 SPEC = SPECS / "robots" / "go2_ppo.yaml"
-UNILAB_LINE = re.compile(r"^\s*(Total steps|Mean reward|Mean episode length|Collection time|Learning time):\s*"
+UNILAB_LINE = re.compile(r"^\s*(Total steps|Mean reward|Collection time|Learning time):\s*"
                          r"([-0-9.e]+)")
 
 
 def aa_ray_curve(seed: int, minutes: float, overrides: list[str]) -> list[dict[str, float]]:
-    spec = load_spec(SPEC, [*overrides, f"seed={seed}", "budget.env_steps=100000000", "tracking.enabled=false",
-                            "checkpoint.every_env_steps=100000000",
-                            "eval.every_env_steps=250000", "eval.episodes=8"])
+    spec = load_spec(SPEC, [f"seed={seed}", "budget.env_steps=100000000", "tracking.enabled=false",
+                            "checkpoint.every_env_steps=100000000", "eval.every_env_steps=250000", "eval.episodes=8",
+                            *overrides])
     points: list[dict[str, float]] = []
     start = time.perf_counter()
 
@@ -73,11 +74,11 @@ def aa_ray_curve(seed: int, minutes: float, overrides: list[str]) -> list[dict[s
     return points
 
 
-def unilab_curve(seed: int, minutes: float) -> list[dict[str, float]]:
+def unilab_curve(seed: int, minutes: float, envs: int = 1024, iterations: int = 100_000) -> list[dict[str, float]]:
     model = robot_model_file(TASKS["Go2JoystickFlat"], "scene_flat.xml")
     train = Path(sys.executable).parent / "train"
-    command = [str(train), "--algo", "ppo", "--task", "go2_joystick_flat", "--sim", "mujoco", "algo.num_envs=1024",
-               f"algo.seed={seed}", "algo.max_iterations=100000", f"env.scene.model_file={model}",
+    command = [str(train), "--algo", "ppo", "--task", "go2_joystick_flat", "--sim", "mujoco", f"algo.num_envs={envs}",
+               f"algo.seed={seed}", f"algo.max_iterations={iterations}", f"env.scene.model_file={model}",
                "training.no_play=true"]
     points: list[dict[str, float]] = []
     current: dict[str, float] = {}
@@ -93,9 +94,9 @@ def unilab_curve(seed: int, minutes: float) -> list[dict[str, float]]:
                 match = UNILAB_LINE.match(re.sub(r"\x1b\[[0-9;]*m", "", line))
                 if match:
                     current[match.group(1)] = float(match.group(2))
-                if "Mean episode length" in line and "Mean reward" in current:
+                if "Iteration time" in line:  # an iteration's block ends (its reward only once an episode ended)
                     points.append({"seconds": seconds, "env_steps": current.get("Total steps", float("nan")),
-                                   "reward": current["Mean reward"],
+                                   "reward": current.get("Mean reward", float("nan")),
                                    "collect_s": current.get("Collection time", float("nan")),
                                    "learn_s": current.get("Learning time", float("nan"))})
                     if len(points) % 10 == 0:
@@ -128,7 +129,13 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], help="overrides of aa-ray's spec (key=value)")
     parser.add_argument("--unilab-from", type=Path, default=None,
                         help="UniLab's curves from this earlier result (same seeds, minutes): rerun aa-ray only")
+    parser.add_argument("--smoke", action="store_true", help="both trainers for a few updates of 16 copies (CI)")
     args = parser.parse_args()
+    unilab_size = {"envs": 16, "iterations": 2} if args.smoke else {}
+    if args.smoke:
+        args.set = [*args.set, "runtime.backend=inline", "runners.envs_per_runner=16", "algo.train_every=8",
+                    "budget.env_steps=256", "eval.every_env_steps=128", "eval.episodes=2", "env.max_episode_steps=8",
+                    "algo.actor_hidden_dims=[32]", "algo.critic_hidden_dims=[32]"]
     machine = machine_info()
     print_machine(machine)
     earlier = {}
@@ -136,7 +143,7 @@ def main() -> None:
         earlier = {run["seed"]: run["unilab"] for run in json.loads(args.unilab_from.read_text())["runs"]}
     runs = []
     for seed in args.seeds:
-        unilab = earlier[seed] if seed in earlier else unilab_curve(seed, args.minutes)
+        unilab = earlier[seed] if seed in earlier else unilab_curve(seed, args.minutes, **unilab_size)
         ours = aa_ray_curve(seed, args.minutes, args.set)
         target = unilab[-1]["reward"]
         runs.append({"seed": seed, "unilab": unilab, "aa_ray": ours, "unilab_final": target,
@@ -151,7 +158,7 @@ def main() -> None:
                  for run in runs for name, key in (("UniLab PPO", "unilab"), ("aa-ray PPO", "aa_ray"))])
     for run in runs:
         print(f"seed {run['seed']}: aa-ray reached UniLab's final {run['unilab_final']:.2f} at "
-              f"{run['aa_ray_minutes_to_unilab_final']} min (UniLab first at {run['unilab_minutes_to_its_final']:.1f})")
+              f"{run['aa_ray_minutes_to_unilab_final']} min (UniLab first at {run['unilab_minutes_to_its_final']} min)")
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ SMALLEST = {
     "check_denormals.py": ["--smoke"],
     "hostile_inputs.py": ["--smoke", "--out", JSON_OUT],
     "robot_memory.py": ["--copies", "2", "--out", JSON_OUT],
+    "robot_side_by_side.py": ["--smoke", "--json", JSON_OUT],
     "bench_sb3_suite.py": [str(REPO / "specs" / "suites" / "fast_cpu.yaml"), "--smoke"],
     "plot_scale.py": ["--ceiling", str(RECORDED / "after_ceiling.json"), "--efficiency",
                       str(RECORDED / "after_eff.json"), "--gpu", str(RECORDED / "after_gpu.json"), "--out", "{png}"],

@@ -225,6 +225,21 @@ def test_a_read_only_sqlite_file_is_refused_before_the_run_starts(tmp_path: Path
 SETTOTALMASS = "compiler attribute 'settotalmass' is deprecated"  # in gymnasium's half_cheetah.xml
 
 
+def mujoco_warns_of_settotalmass() -> bool:
+    """Whether this MuJoCo warns when it compiles gymnasium's HalfCheetah (4.0 does; 3.11, which UniLab's
+    extra pins, does not)."""
+    import gymnasium
+    import mujoco
+
+    seen: list[str] = []
+    mujoco.set_mju_user_warning(seen.append)
+    try:
+        mujoco.MjModel.from_xml_path(str(Path(gymnasium.__file__).parent / "envs/mujoco/assets/half_cheetah.xml"))
+    finally:
+        mujoco.set_mju_user_warning(None)
+    return any("settotalmass" in message for message in seen)
+
+
 def test_making_many_mujoco_envs_warns_once_per_process(capfd: pytest.CaptureFixture[str]) -> None:
     """64 HalfCheetah copies, then more for evaluation and a video: MuJoCo's deprecation warning
     once, and MuJoCo's own handler back after each (warnings while stepping still reach it)."""
@@ -244,6 +259,8 @@ def test_making_many_mujoco_envs_warns_once_per_process(capfd: pytest.CaptureFix
 def test_a_ray_run_of_many_mujoco_envs_shows_the_warning_once(tmp_path: Path) -> None:
     """Two Ray runners of 8 HalfCheetah envs each, plus their evaluation envs: one line in the
     run's output (the driver's), none forwarded from the runners."""
+    if not mujoco_warns_of_settotalmass():
+        pytest.skip("this MuJoCo compiles HalfCheetah without a warning: there is none to show once")
     sets = [*TINY, "runtime.backend=ray", "env.id=HalfCheetah-v5", "runners.num_runners=2",
             "runners.envs_per_runner=8", "budget.env_steps=400", "eval.every_env_steps=400"]
     run = subprocess.run(command("--no-track", sets=sets), cwd=tmp_path, capture_output=True, text=True,
