@@ -63,6 +63,8 @@ def test_kwargs_change_the_task_but_never_name_code() -> None:
         make_unilab_env("Go2JoystickFlat", 2, **{"rewards.tracking_lin_vel.func": "os:system"})
     with pytest.raises(BatchedEnvError, match="no import paths"):
         make_unilab_env("Go2JoystickFlat", 2, **{"rewards.tracking_lin_vel": {"func": "os.system", "weight": 1.0}})
+    with pytest.raises(BatchedEnvError, match="is a section of UniLab's task configuration"):
+        make_unilab_env("Go2JoystickFlat", 2, **{"rewards.tracking_lin_vel": "os"})
     with pytest.raises(BatchedEnvError, match="is not an entry of UniLab's task configuration"):
         make_unilab_env("Go2JoystickFlat", 2, **{"commands.twist.speed": 1.0})
     with pytest.raises(BatchedEnvError, match="Did you mean Go2JoystickFlat"):

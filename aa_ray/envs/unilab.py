@@ -191,6 +191,9 @@ def _set_dotted(config: dict[str, Any], key: str, value: Any) -> None:
     if last not in node:
         raise BatchedEnvError(f"env.kwargs: {key!r} is not an entry of UniLab's task configuration (it has "
                               f"{', '.join(sorted(node))} at that level).")
+    if isinstance(node[last], dict):  # a section (a term with its `func`) is never replaced, only its entries
+        raise BatchedEnvError(f"env.kwargs: {key!r} is a section of UniLab's task configuration (it has "
+                              f"{', '.join(sorted(node[last]))}); set one of its entries by its dotted key.")
     node[last] = value
 
 
